@@ -1,0 +1,69 @@
+"""Crash-safe file writes: write to a temp file in the same directory, fsync,
+rename. A reader (or a resumed run) sees the old file or the new one, never half."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, BinaryIO
+
+TMP_SUFFIX = ".tmp"
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Yield a file object; on clean exit it replaces `path` atomically, on error
+    the temp file is removed and `path` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f  # type: ignore[misc]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
+    write_bytes(path, (json.dumps(obj, indent=indent, allow_nan=False) + "\n").encode())
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> int:
+    """Delete temp files a killed run left behind; returns how many."""
+    n = 0
+    d = Path(directory)
+    if not d.is_dir():
+        return 0
+    for p in d.iterdir():
+        if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n

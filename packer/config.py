@@ -1,0 +1,165 @@
+"""`shardship.toml`: every key optional, defaults that run the demo.
+
+One loader for all three tools so `packer budget`, `transfer upload` and
+`train submit` agree on the same cluster and the same quota."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from packer.errors import ShardshipError
+
+DEFAULT_CONFIG = "shardship.toml"
+
+
+@dataclass
+class PackOptions:
+    size: int = 224
+    crop: str = "squash"  # "squash" (as the reference) | "center"
+    quality: int = 90
+    stride: int = 1  # keep every Nth frame
+    shard_bytes: int = 8 * 1024 * 1024  # ~90 shards for the reference 717 MB dataset
+    horizon: int = 16  # action chunk length (steps)
+    workers: int = 0  # 0 = os.cpu_count()
+    compress: str = "auto"  # "auto" | "zstd" | "none"
+
+
+@dataclass
+class ClusterConfig:
+    name: str
+    host: str = ""
+    user: str | None = None
+    port: int | None = None
+    remote_dir: str = "shardship"
+    quota: str = "10G"  # or "auto"
+    scheduler: str = "slurm"  # "sge" | "slurm"
+    nodes: int = 1
+    gpus: int = 1
+    cpus: int = 4
+    mem: str = "32G"
+    time: str = "12:00:00"
+    gpu_c: str | None = None
+    gpu_type: str | None = None
+    gpu_memory: str | None = None
+    gres: str | None = None
+    constraint: str | None = None
+    partition: str | None = None
+    queue: str | None = None
+    account: str | None = None
+    project: str | None = None
+    setup: list[str] = field(default_factory=list)
+    python: str = "python3"
+
+    @property
+    def is_local(self) -> bool:
+        return self.host.startswith("local:")
+
+
+@dataclass
+class Config:
+    path: Path | None = None
+    raw: Path = Path("data/raw")
+    packed: Path = Path("data/packed")
+    outputs: Path = Path("outputs")
+    pack: PackOptions = field(default_factory=PackOptions)
+    slam: dict[str, Any] = field(default_factory=dict)
+    scale: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    clusters: dict[str, ClusterConfig] = field(default_factory=dict)
+
+    def cluster(self, name: str | None) -> ClusterConfig:
+        """The named cluster, or the only one configured."""
+        if name:
+            if name.startswith("local:"):
+                return ClusterConfig(name=name, host=name, quota="auto")
+            if name not in self.clusters:
+                known = ", ".join(sorted(self.clusters)) or "none"
+                raise ShardshipError(
+                    f"no [cluster.{name}] in {self.path or DEFAULT_CONFIG} (configured: {known})"
+                )
+            return self.clusters[name]
+        if len(self.clusters) == 1:
+            return next(iter(self.clusters.values()))
+        if not self.clusters:
+            raise ShardshipError(
+                f"no cluster configured: add a [cluster.NAME] section to {self.path or DEFAULT_CONFIG} "
+                "or pass --cluster local:PATH"
+            )
+        raise ShardshipError(
+            f"{len(self.clusters)} clusters configured ({', '.join(sorted(self.clusters))}): pick one with --cluster NAME"
+        )
+
+
+def _dataclass_from(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    aliases = {"h_rt": "time"}
+    kwargs: dict[str, Any] = dict(extra)
+    for k, v in data.items():
+        k = aliases.get(k, k)
+        if k not in names:
+            raise ShardshipError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(names))})")
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def load_config(path: str | os.PathLike | None = None) -> Config:
+    """Read the config; a missing default file means all defaults, a missing
+    explicit file is an error."""
+    explicit = path is not None
+    p = Path(path if path is not None else os.environ.get("SHARDSHIP_CONFIG", DEFAULT_CONFIG))
+    if not p.exists():
+        if explicit:
+            raise ShardshipError(f"config file {p} not found")
+        return Config()
+    try:
+        data = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ShardshipError(f"{p}: not valid TOML: {e}") from None
+    cfg = Config(path=p)
+    paths = data.get("paths", {})
+    for key in ("raw", "packed", "outputs"):
+        if key in paths:
+            setattr(cfg, key, Path(paths[key]))
+    if "pack" in data:
+        cfg.pack = _dataclass_from(PackOptions, data["pack"], f"{p} [pack]")
+    cfg.slam = dict(data.get("slam", {}))
+    cfg.scale = dict(data.get("scale", {}))
+    cfg.train = dict(data.get("train", {}))
+    for name, section in data.get("cluster", {}).items():
+        cfg.clusters[name] = _dataclass_from(ClusterConfig, section, f"{p} [cluster.{name}]", name=name)
+    return cfg
+
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def parse_size(text: str | int | float) -> int:
+    """'10G' -> bytes (binary units, as quota tools and schedulers use them)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = text.strip().upper().removesuffix("IB").removesuffix("B") if text.strip() else ""
+    num = s.rstrip("KMGTP")
+    unit = s[len(num):]
+    try:
+        return int(float(num) * _UNITS[unit])
+    except (ValueError, KeyError):
+        raise ShardshipError(f"cannot read size {text!r}: use e.g. 10G, 512M, 1.5T") from None
+
+
+def human(n: float) -> str:
+    """Bytes for people: 1.2 GB (binary units, like `quota -s` and `du -h`)."""
+    n = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"

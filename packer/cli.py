@@ -1,14 +1,208 @@
+"""`packer`: check, synth, slam, pack, budget. Thin: parse options, call the
+module that does the work, print a summary, exit with DESIGN.md's codes."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
 import click
 
+from packer.cliutil import friendly_errors
+from packer.config import Config, PackOptions, human, load_config, parse_size
+from packer.errors import Exit, SessionError, ShardshipError
 from packer.pilinfo import describe
 
+CONFIG_OPT = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+                          help="shardship.toml (default: ./shardship.toml if present).")
 
-@click.group()
+
+def _cfg(config_path: str | None) -> Config:
+    return load_config(config_path)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="shardship")
 def main() -> None:
-    """shardship packer."""
+    """shardship packer: phone sessions -> metric poses -> 224x224 tar shards.
+
+    \b
+    Typical use:
+      packer synth --out data/raw --sessions 3     # demo data (or copy real sessions there)
+      packer check                                 # validate every session, say what is wrong
+      packer pack                                  # poses + shards into data/packed
+      packer budget                                # will it fit the cluster quota?
+    """
 
 
 @main.command()
-@click.option("--pil", is_flag=True)
-def check(pil: bool) -> None:
+@click.option("--raw", type=click.Path(file_okay=False), default=None, help="Raw sessions directory [data/raw].")
+@click.option("--pil", is_flag=True, help="Only report which PIL build is active.")
+@CONFIG_OPT
+@friendly_errors
+def check(raw: str | None, pil: bool, config_path: str | None) -> None:
+    """Validate sessions (layout, JPEGs, timestamps, IMU) and report per session."""
     click.echo(f"PIL: {describe()}")
+    if pil:
+        return
+    from packer.session import discover, load_imu, load_session
+
+    cfg = _cfg(config_path)
+    root = Path(raw) if raw else cfg.raw
+    bad = 0
+    paths = discover(root)
+    if not paths:
+        raise ShardshipError(f"no sessions under {root}: copy session_* folders there or run `packer synth`")
+    for p in paths:
+        try:
+            s = load_session(p, check_images=True)
+            imu = "no imu.json"
+            if s.file("imu.json").exists():
+                i = load_imu(s)
+                imu = f"IMU {len(i.t)} samples {i.t[-1] - i.t[0]:.1f}s"
+            extra = "".join(f"\n    warning: {w}" for w in s.warnings)
+            click.echo(f"ok    {s.name}: {s.n_frames} frames, {s.timestamps[-1] - s.timestamps[0]:.1f}s "
+                       f"(timestamps from {s.timestamp_source}), {imu}{extra}")
+        except SessionError as e:
+            bad += 1
+            click.echo(f"FAIL  {e}")
+    click.echo(f"{len(paths) - bad} of {len(paths)} sessions ok")
+    sys.exit(Exit.PARTIAL if bad else Exit.OK)
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True)
+@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session (60 fps).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@friendly_errors
+def synth(out: str, sessions: int, frames: int, seed: int) -> None:
+    """Render synthetic StackCapture sessions (textured 3-D scene, IMU, encoders).
+
+    Ground truth goes to synth_truth.json in each session; the pipeline never reads it."""
+    from packer.synth import synth_dataset
+
+    paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed)
+    click.echo(f"wrote {len(paths)} session(s) to {out}")
+
+
+def _pack_options(cfg: Config, **flags) -> PackOptions:
+    opts = cfg.pack
+    for k, v in flags.items():
+        if v is not None:
+            setattr(opts, k, v)
+    return opts
+
+
+@main.command()
+@click.option("--raw", type=click.Path(file_okay=False), default=None, help="Raw sessions [data/raw].")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed output [data/packed].")
+@click.option("--crop", type=click.Choice(["squash", "center"]), default=None, help="Resize mode [squash].")
+@click.option("--quality", type=click.IntRange(1, 100), default=None, help="JPEG quality [90].")
+@click.option("--stride", type=click.IntRange(1), default=None, help="Keep every Nth frame [1].")
+@click.option("--shard-mb", type=float, default=None, help="Target shard size in MiB [8].")
+@click.option("--horizon", type=click.IntRange(1), default=None, help="Action chunk length [16].")
+@click.option("--workers", type=click.IntRange(0), default=None, help="Worker processes [all cores].")
+@click.option("--slam/--no-slam", default=True, show_default=True,
+              help="Run `packer slam` first for sessions without metric poses (cached).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@CONFIG_OPT
+@friendly_errors
+def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, slam, quiet, config_path) -> None:
+    """Resize frames to 224x224 and write indexed tar shards + index.json.
+
+    Re-running is cheap: unchanged sessions are kept as they are, a killed run
+    resumes at the first unfinished session. Exit 1 if some sessions failed."""
+    from packer.pack import pack as do_pack
+
+    cfg = _cfg(config_path)
+    opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
+                         shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
+    raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
+    hook = _slam_hook(cfg, quiet) if slam else None
+    click.echo(f"PIL: {describe()}")
+    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, before_session=hook)
+    for name, why in sorted(r.failed.items()):
+        click.echo(f"FAIL  session {name}: {why}", err=True)
+    n_ok = len(r.packed) + len(r.reused)
+    rate = f", {r.images / r.seconds:.0f} img/s" if r.images and r.seconds else ""
+    click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
+               f" ({r.images} images in {r.seconds:.1f}s{rate})")
+    if n_ok:
+        click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"
+                   f"  ({out_dir / 'index.json'})")
+    sys.exit(Exit.PARTIAL if r.failed else Exit.OK)
+
+
+def _slam_hook(cfg: Config, quiet: bool):
+    """Per-session metric poses before packing, when the slam stage is available."""
+    try:
+        from packer.slam_cli import pack_hook
+    except ImportError:
+        return None
+    return pack_hook(cfg, quiet=quiet)
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
+@click.option("--quota", default=None, help="Quota to check against, e.g. 10G [cluster quota or 10G].")
+@click.option("--remote", "remote", default=None, metavar="NAME",
+              help="Read the live quota from [cluster.NAME] (or local:PATH).")
+@click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 3].")
+@click.option("--env", "env_size", default=None, help="Python env size on the cluster, 0 if a module [4G].")
+@click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key (with --remote).")
+@CONFIG_OPT
+@friendly_errors
+def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:
+    """Will data + checkpoints + env fit the cluster quota? Exit 3 when over."""
+    from packer import manifest
+    from packer.budget import BudgetInputs, compute, render
+
+    cfg = _cfg(config_path)
+    out_dir = Path(out) if out else cfg.packed
+    index = manifest.load(out_dir)
+    packed = sum(s["bytes"] for s in index["shards"]) + (out_dir / manifest.INDEX).stat().st_size
+    train_cfg = dict(cfg.train)
+    try:
+        from train.model import checkpoint_bytes
+    except ImportError as e:
+        raise ShardshipError(f"cannot size checkpoints: train.model unavailable ({e})") from None
+    ckpt = checkpoint_bytes({**train_cfg, "action_dim": index.get("action_dim") or 9,
+                             "horizon": index.get("horizon") or 16, "proprio_dim": len(index.get("joints", []))})
+    inputs = BudgetInputs(
+        packed_bytes=packed, packed_files=len(index["shards"]) + 1, checkpoint_bytes=ckpt,
+        keep=keep if keep is not None else int(train_cfg.get("keep", 3)), quota_bytes=0,
+        env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
+    )
+    source = "default 10G"
+    if remote:
+        from transfer import connect
+        from transfer.quota import live_quota
+
+        cluster = cfg.cluster(remote)
+        with connect(cluster, accept_new_host_key=accept_new_host_key) as r:
+            q = live_quota(r, cluster.remote_dir)
+        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, q.used_bytes
+        inputs.inode_limit, inputs.inodes_used, source = q.inode_limit, q.inode_used or 0, f"{q.source} on {remote}"
+    elif quota:
+        inputs.quota_bytes, source = parse_size(quota), "--quota"
+    elif cfg.clusters and len(cfg.clusters) == 1 and next(iter(cfg.clusters.values())).quota != "auto":
+        c = next(iter(cfg.clusters.values()))
+        inputs.quota_bytes, source = parse_size(c.quota), f"[cluster.{c.name}] quota"
+    else:
+        inputs.quota_bytes = parse_size("10G")
+    b = compute(inputs)
+    click.echo(render(b, source))
+    if b.over:
+        click.echo("\nOVER QUOTA. What would make it fit:", err=True)
+        for s in b.suggestions:
+            click.echo(f"  - {s}", err=True)
+        sys.exit(Exit.QUOTA)
+    click.echo("fits.")
+
+
+try:  # registered when the slam stage is installed (packer/slam_cli.py)
+    from packer.slam_cli import slam as _slam
+
+    main.add_command(_slam)
+except ImportError:  # pragma: no cover
+    pass

@@ -74,6 +74,7 @@ class Config:
     slam: dict[str, Any] = field(default_factory=dict)
     scale: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
     clusters: dict[str, ClusterConfig] = field(default_factory=dict)
 
     def cluster(self, name: str | None) -> ClusterConfig:
@@ -134,6 +135,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     cfg.slam = dict(data.get("slam", {}))
     cfg.scale = dict(data.get("scale", {}))
     cfg.train = dict(data.get("train", {}))
+    cfg.budget = dict(data.get("budget", {}))
     for name, section in data.get("cluster", {}).items():
         cfg.clusters[name] = _dataclass_from(ClusterConfig, section, f"{p} [cluster.{name}]", name=name)
     return cfg

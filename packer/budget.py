@@ -1,0 +1,107 @@
+"""Will it fit? Pure arithmetic over what the run will keep on the cluster, so the
+numbers can be tested exactly and shown before a single byte moves."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from packer.config import human
+
+
+@dataclass
+class BudgetInputs:
+    packed_bytes: int  # shards + index.json
+    packed_files: int
+    checkpoint_bytes: int  # one checkpoint file: model + EMA + optimizer state
+    keep: int  # periodic checkpoints retained
+    quota_bytes: int
+    env_bytes: int = 4 * 1024**3  # a venv with CUDA torch; 0 when the cluster provides it as a module
+    env_files: int = 60_000
+    log_bytes: int = 50 * 1024**2  # metrics JSONL, plots, scheduler logs
+    normaliser_bytes: int = 64 * 1024
+    used_bytes: int = 0  # already used on the cluster by other things (live quota only)
+    inode_limit: int | None = None
+    inodes_used: int = 0
+    quota_source: str = "config"
+    margin: float = 0.05  # keep 5% free: quotas are enforced on blocks, not bytes
+
+
+@dataclass
+class BudgetRow:
+    item: str
+    bytes: int
+    files: int
+    note: str = ""
+
+
+@dataclass
+class Budget:
+    rows: list[BudgetRow]
+    total: int
+    total_files: int
+    quota: int
+    used_other: int
+    headroom: int
+    inode_limit: int | None
+    inode_headroom: int | None
+    over: bool
+    suggestions: list[str] = field(default_factory=list)
+
+
+def compute(b: BudgetInputs) -> Budget:
+    n_ckpt = b.keep + 2  # periodic x keep, plus last and best
+    rows = [
+        BudgetRow("packed data", b.packed_bytes, b.packed_files, "shards + index.json"),
+        BudgetRow("checkpoints", n_ckpt * b.checkpoint_bytes, n_ckpt,
+                  f"{n_ckpt} x {human(b.checkpoint_bytes)} (last, best, {b.keep} periodic; model+EMA+AdamW)"),
+        BudgetRow("normaliser", b.normaliser_bytes, 1, "action/proprio statistics"),
+        BudgetRow("logs", b.log_bytes, 20, "metrics JSONL, plots, job logs"),
+        BudgetRow("python env", b.env_bytes, b.env_files if b.env_bytes else 0,
+                  "venv with CUDA torch" if b.env_bytes else "provided by the cluster"),
+    ]
+    total = sum(r.bytes for r in rows)
+    files = sum(r.files for r in rows)
+    usable = int(b.quota_bytes * (1 - b.margin))
+    headroom = usable - b.used_bytes - total
+    inode_headroom = None if b.inode_limit is None else b.inode_limit - b.inodes_used - files
+    over = headroom < 0 or (inode_headroom is not None and inode_headroom < 0)
+    return Budget(rows, total, files, b.quota_bytes, b.used_bytes, headroom, b.inode_limit, inode_headroom,
+                  over, suggestions(b, headroom, inode_headroom) if over else [])
+
+
+def suggestions(b: BudgetInputs, headroom: int, inode_headroom: int | None) -> list[str]:
+    """Concrete changes, each with the bytes it frees, biggest first."""
+    need = -headroom
+    out: list[tuple[int, str]] = []
+    if need > 0:
+        if b.env_bytes:
+            out.append((b.env_bytes, f"use the cluster's torch module instead of a venv ([budget] env = 0): frees {human(b.env_bytes)}"))
+        if b.keep > 1:
+            k = b.keep - 1
+            while k > 0 and (b.keep - k) * b.checkpoint_bytes < need:
+                k -= 1
+            freed = (b.keep - k) * b.checkpoint_bytes
+            out.append((freed, f"keep fewer checkpoints ([train] keep = {k}): frees {human(freed)}"))
+        half = b.packed_bytes // 2
+        out.append((half, f"pack every 2nd frame (packer pack --stride 2): frees ~{human(half)}"))
+        q = int(b.packed_bytes * 0.3)
+        out.append((q, f"lower JPEG quality (packer pack --quality 75): frees ~{human(q)}"))
+    out.sort(key=lambda x: -x[0])
+    lines = [s for _, s in out]
+    if inode_headroom is not None and inode_headroom < 0:
+        lines.append(f"{-inode_headroom} files over the inode quota: larger shards (--shard-mb) or no venv")
+    return lines
+
+
+def render(bud: Budget, quota_source: str) -> str:
+    w = max(len(r.item) for r in bud.rows) + 2
+    lines = [f"{'item':<{w}}{'size':>10}  {'files':>7}  note"]
+    for r in bud.rows:
+        lines.append(f"{r.item:<{w}}{human(r.bytes):>10}  {r.files:>7}  {r.note}")
+    lines.append(f"{'total':<{w}}{human(bud.total):>10}  {bud.total_files:>7}")
+    lines.append(f"{'quota':<{w}}{human(bud.quota):>10}  {'' if bud.inode_limit is None else bud.inode_limit:>7}  from {quota_source}")
+    if bud.used_other:
+        lines.append(f"{'used now':<{w}}{human(bud.used_other):>10}           already on the cluster")
+    sign = "-" if bud.headroom < 0 else ""
+    inode = "" if bud.inode_headroom is None else bud.inode_headroom
+    lines.append(f"{'headroom':<{w}}{sign + human(abs(bud.headroom)):>10}  {inode:>7}  after a 5% safety margin")
+    return "\n".join(lines)

@@ -1,0 +1,344 @@
+"""`packer pack`: sessions -> 224x224 JPEG samples -> tar shards + index.json.
+
+One worker pool decodes/resizes/encodes frames of all sessions in order while the
+main process writes tar members and builds each sample's JSON. A session becomes
+visible in index.json only after all its shards are renamed into place, so a killed
+run resumes at the first unfinished session and an unchanged session (same
+fingerprint) is never re-encoded."""
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from tqdm import tqdm
+
+from packer import manifest
+from packer.actions import POSE_DIMS, RunningStats, action_chunks
+from packer.atomic import remove_stale_temps
+from packer.config import PackOptions, human
+from packer.errors import SessionError, ShardshipError
+from packer.fingerprint import session_fingerprint
+from packer.imageops import ResizeSpec, process_frame, rescale_intrinsics
+from packer.pilinfo import describe as pil_describe
+from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_poses, load_session, poses_are_metric
+from packer.shards import ShardWriter
+
+
+@dataclass
+class PackReport:
+    out: Path
+    packed: list[str] = field(default_factory=list)  # encoded this run
+    reused: list[str] = field(default_factory=list)  # unchanged, kept
+    failed: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    raw_bytes: int = 0
+    packed_bytes: int = 0
+    images: int = 0  # frames encoded this run
+    seconds: float = 0.0
+    pil: str = ""
+
+    @property
+    def saving(self) -> float:
+        return 1.0 - self.packed_bytes / self.raw_bytes if self.raw_bytes else 0.0
+
+
+def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
+    """The options that change shard bytes (workers does not)."""
+    d = asdict(opts)
+    d.pop("workers", None)
+    return d
+
+
+@dataclass
+class _SessionPlan:
+    session: Session
+    fingerprint: str
+    keep: np.ndarray  # positions into session.frames kept after stride
+    metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
+    action_stats: RunningStats | None
+    proprio_stats: RunningStats | None
+    joints: list[str]
+
+
+def _plan_session(session: Session, opts: PackOptions, fingerprint: str) -> _SessionPlan:
+    """Everything a sample's JSON needs, computed once per session in the main process."""
+    keep = np.arange(0, session.n_frames, max(1, opts.stride))
+    t = session.timestamps[keep]
+    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
+    k = rescale_intrinsics(session.intrinsics, RAW_WIDTH, RAW_HEIGHT, spec) if session.intrinsics else None
+
+    poses = None
+    metric = poses_are_metric(session)
+    flags = session.metadata.get("shardship", {}).get("interpolated_frames", [])
+    interpolated = set(int(x) for x in flags)
+    by_index = load_poses(session)
+    if by_index is not None:
+        idx = [int(session.frames[i]) for i in keep]
+        if all(i in by_index for i in idx):
+            poses = np.stack([by_index[i] for i in idx])
+        else:
+            missing = sum(i not in by_index for i in idx)
+            session.warnings.append(f"poses.json lacks {missing} frame(s): packing without poses")
+    enc = load_encoders(session)
+    joints = enc.at(t) if enc is not None else None
+    actions, mask = action_chunks(poses, joints, opts.horizon)
+
+    astats = RunningStats(actions.shape[-1]) if actions is not None else None
+    if astats is not None and actions is not None:
+        astats.add(actions[mask.astype(bool)])
+    pstats = RunningStats(joints.shape[1]) if joints is not None else None
+    if pstats is not None and joints is not None:
+        pstats.add(joints)
+
+    metas = []
+    for j, i in enumerate(keep):
+        frame = int(session.frames[i])
+        metas.append({
+            "session": session.name, "frame": frame, "timestamp": float(t[j]),
+            "image_size": [opts.size, opts.size], "intrinsics": k,
+            "pose": poses[j].tolist() if poses is not None else None,
+            "pose_metric": bool(metric and poses is not None),
+            "interpolated": frame in interpolated,
+            "proprio": joints[j].tolist() if joints is not None else [],
+            "action": actions[j].tolist() if actions is not None else None,
+            "action_mask": mask[j].tolist(),
+        })
+    return _SessionPlan(session, fingerprint, keep, metas, astats, pstats, enc.names if enc else [])
+
+
+def _session_entry(plan: _SessionPlan, shards: list, raw_bytes: int) -> dict[str, Any]:
+    s = plan.session
+    return {
+        "fingerprint": plan.fingerprint, "frames": s.n_frames, "samples": len(plan.keep),
+        "raw_bytes": raw_bytes, "packed_bytes": sum(x.bytes for x in shards),
+        "shards": [x.name for x in shards], "intrinsics": plan.metas[0]["intrinsics"] if plan.metas else None,
+        "pose_metric": plan.metas[0]["pose_metric"] if plan.metas else False,
+        "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": plan.joints,
+        "stats": {"action": plan.action_stats.to_json() if plan.action_stats else None,
+                  "proprio": plan.proprio_stats.to_json() if plan.proprio_stats else None},
+    }
+
+
+def _reusable(out: Path, entry: dict[str, Any] | None, index: dict[str, Any], fingerprint: str) -> bool:
+    if not entry or entry.get("fingerprint") != fingerprint:
+        return False
+    by_name = {s["name"]: s for s in index["shards"]}
+    for name in entry["shards"]:
+        sh = by_name.get(name)
+        p = out / name
+        if sh is None or not p.exists() or p.stat().st_size != sh["bytes"]:
+            return False
+    return True
+
+
+def _drop_session(index: dict[str, Any], out: Path, name: str, delete_files: bool) -> None:
+    entry = index["sessions"].pop(name, None)
+    names = set(entry["shards"]) if entry else set()
+    index["shards"] = [s for s in index["shards"] if s["name"] not in names]
+    if delete_files:
+        for n in names:
+            (out / n).unlink(missing_ok=True)
+
+
+def _finalise_stats(index: dict[str, Any]) -> None:
+    """Normalisation statistics over all packed sessions, merged from per-session sums."""
+    astats: RunningStats | None = None
+    pstats: RunningStats | None = None
+    joints: list[str] = []
+    for entry in index["sessions"].values():
+        st = entry.get("stats", {})
+        joints = joints or entry.get("joints", [])
+        if st.get("action"):
+            a = RunningStats.from_json(st["action"])
+            if astats is None:
+                astats = a
+            elif len(a.s) == len(astats.s):
+                astats.merge(a)
+        if st.get("proprio"):
+            p = RunningStats.from_json(st["proprio"])
+            if pstats is None:
+                pstats = p
+            elif len(p.s) == len(pstats.s):
+                pstats.merge(p)
+    index["joints"] = joints
+    index["action_dim"] = len(astats.s) if astats else None
+    index["stats"] = {"action": astats.summary() if astats else None,
+                      "proprio": pstats.summary() if pstats else None,
+                      "count": astats.n if astats else 0, "pose_dims": POSE_DIMS}
+
+
+def load_valid_sessions(raw: Path, failed: dict[str, str]) -> list[Session]:
+    out = []
+    for path in discover(raw):
+        try:
+            out.append(load_session(path, check_images=True))
+        except SessionError as e:
+            failed[path.name] = f"{e.path}: {e.reason}"
+    return out
+
+
+def pack(
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    opts: PackOptions | None = None,
+    *,
+    progress: bool = True,
+    before_session: Callable[[Session], None] | None = None,
+) -> PackReport:
+    """Pack every valid session under `raw` into `out`. Raises only for problems that
+    stop everything (unusable out dir); per-session problems land in report.failed."""
+    opts = opts or PackOptions()
+    if opts.crop not in ("squash", "center"):
+        raise ShardshipError(f"--crop {opts.crop!r}: use squash or center")
+    if not 1 <= opts.quality <= 100:
+        raise ShardshipError(f"--quality {opts.quality}: use 1..100")
+    raw, out = Path(raw), Path(out)
+    t0 = time.perf_counter()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ShardshipError(f"cannot create output directory {out}: {e.strerror}") from None
+    remove_stale_temps(out)
+    pil = pil_describe()
+    report = PackReport(out=out, pil=pil)
+    options = pack_options_dict(opts)
+    old = manifest.load(out, required=False)
+    if old is not None and old.get("options") != options:
+        old = dict(old)  # options changed: every session is stale, shards get rewritten
+    index = old or manifest.empty(options, pil)
+    index["options"], index["pil"], index["failed"] = options, pil, {}
+
+    sessions = load_valid_sessions(raw, report.failed)
+    present = {p.name for p in discover(raw)}
+    for name in list(index["sessions"]):
+        if name not in present:
+            _drop_session(index, out, name, delete_files=True)
+            report.removed.append(name)
+
+    todo: list[_SessionPlan] = []
+    for s in sessions:
+        try:
+            if before_session is not None:
+                before_session(s)
+                s = load_session(s.path, check_images=False)
+            fp = session_fingerprint(s, options, manifest.VERSION)
+            entry = index["sessions"].get(s.name)
+            if _reusable(out, entry, index, fp):
+                report.reused.append(s.name)
+                continue
+            todo.append(_plan_session(s, opts, fp))
+        except SessionError as e:
+            report.failed[s.name] = f"{e.path}: {e.reason}"
+
+    total_frames = sum(len(p.keep) for p in todo)
+    if todo:
+        _encode_all(todo, out, opts, index, report, total_frames, progress)
+
+    index["failed"] = dict(report.failed)
+    _finalise_stats(index)
+    manifest.save(out, index)
+    report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
+    report.packed_bytes = sum(s["bytes"] for s in index["shards"])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _tasks(plans: Iterable[_SessionPlan], spec: ResizeSpec):
+    for plan in plans:
+        for i in plan.keep:
+            yield (str(plan.session.frame_paths[i]), spec)
+
+
+def _encode_all(todo: list[_SessionPlan], out: Path, opts: PackOptions, index: dict[str, Any],
+                report: PackReport, total: int, progress: bool) -> None:
+    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
+    workers = opts.workers or os.cpu_count() or 1
+    ctx = mp.get_context("spawn")  # no fork after pycolmap/torch threads
+    bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
+    pool = ctx.Pool(workers)
+    try:
+        results = pool.imap(process_frame, _tasks(todo, spec), chunksize=8)
+        for plan in todo:
+            _encode_session(plan, results, out, opts, index, report, bar)
+    except BaseException:
+        pool.terminate()
+        raise
+    else:
+        pool.close()
+    finally:
+        pool.join()
+        bar.close()
+
+
+def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, index: dict[str, Any],
+                    report: PackReport, bar) -> None:
+    """Consume exactly this session's results (even after a failure, to stay in step
+    with the ordered result stream), write its shards, then publish it."""
+    s = plan.session
+    writer = ShardWriter(out, s.name, opts.shard_bytes)
+    error: str | None = None
+    try:
+        for j, i in enumerate(plan.keep):
+            jpg, _size, err = next(results)
+            bar.update(1)
+            if error is not None:
+                continue
+            if err is not None:
+                error = f"rgb/{s.frame_paths[i].name}: {err}; re-copy it from the phone or delete the frame"
+                writer.abort()
+                continue
+            meta = plan.metas[j]
+            key = f"{s.name}/{meta['frame']:06d}"
+            try:
+                writer.add(key, jpg, json.dumps(meta, separators=(",", ":")).encode(), meta["action"] is not None)
+            except OSError as e:
+                writer.abort()
+                error = _disk_error(e, out)
+        if error is None:
+            try:
+                # Un-publish the old version first: the manifest must never name a
+                # shard file whose bytes are about to change.
+                if s.name in index["sessions"]:
+                    _drop_session(index, out, s.name, delete_files=False)
+                    manifest.save(out, index)
+                shards = writer.commit()
+                old_names = set()
+                index["shards"].extend(x.to_json() for x in shards)
+                index["sessions"][s.name] = _session_entry(plan, shards, s.raw_bytes())
+                manifest.save(out, index)
+                for stale in out.glob(f"{writer.prefix}-*.tar"):
+                    if stale.name not in {x.name for x in shards} | old_names:
+                        stale.unlink(missing_ok=True)
+                report.packed.append(s.name)
+                report.images += len(plan.keep)
+            except OSError as e:
+                writer.abort()
+                error = _disk_error(e, out)
+    except BaseException:
+        writer.abort()
+        raise
+    if error is not None:
+        report.failed[s.name] = error
+
+
+def _disk_error(e: OSError, out: Path) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_bytes(out)
+        return (f"{out}: disk full while writing shards ({human(free)} free); the partial shard was removed "
+                "and finished sessions are kept: free space or pass --out on a larger disk, then re-run")
+    return f"{out}: {e.strerror or e}"
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 0

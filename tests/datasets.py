@@ -1,0 +1,56 @@
+"""Test data built from the real pipeline: rendered sessions (packer.synth) and
+shards packed by packer.pack. `metric_poses=True` writes the synthetic ground
+truth as ARKit-style metric poses so action chunks exist without running SfM."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from packer.config import PackOptions
+
+
+def make_raw(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, metric_poses: bool = False) -> Path:
+    from packer.synth import synth_dataset
+
+    raw = Path(root)
+    raw.mkdir(parents=True, exist_ok=True)
+    paths = synth_dataset(raw, sessions=sessions, frames=frames, seed=seed, progress=False)
+    if metric_poses:
+        for p in paths:
+            write_truth_as_metric(p)
+    return raw
+
+
+def write_truth_as_metric(session_dir: Path) -> None:
+    """poses.json <- ground truth, metadata.captureSource <- ARKit (metric poses)."""
+    truth = json.loads((session_dir / "synth_truth.json").read_text())
+    poses = [{"timestamp": t, "rgbIndex": i, "transform": m}
+             for i, (t, m) in enumerate(zip(truth["frame_timestamps"], truth["poses"]))]
+    (session_dir / "poses.json").write_text(json.dumps(poses))
+    md_path = session_dir / "metadata.json"
+    md = json.loads(md_path.read_text())
+    md["captureSource"] = "ARKit"
+    md_path.write_text(json.dumps(md))
+
+
+def make_packed(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, shard_bytes: int | None = None,
+                metric_poses: bool = True, **pack_kw) -> Path:
+    """A packed dir (index.json + shards) from rendered sessions; returns its path."""
+    from packer.pack import pack
+
+    root = Path(root)
+    raw = make_raw(root / "raw", sessions, frames, seed, metric_poses=metric_poses)
+    out = root / "packed"
+    opts = PackOptions(workers=2, **pack_kw)
+    if shard_bytes:
+        opts.shard_bytes = shard_bytes
+    report = pack(raw, out, opts, progress=False)
+    if report.failed:
+        raise RuntimeError(f"packing test data failed: {report.failed}")
+    return out
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst

@@ -1,0 +1,288 @@
+"""pytest fixtures: a real OpenSSH `sshd` on 127.0.0.1 for the transfer tests.
+
+Why a real daemon: the bugs that matter (quoting of remote commands, SFTP
+resume, a full disk, host-key checks) only show against the real server, so no
+paramiko server stubs. The remote user is a NON-ROOT account whose home is a
+tmpfs mount with a size limit: that mount *is* the quota, so "over quota" and
+"disk full mid-way" are the kernel's ENOSPC, not a simulation.
+
+Needs root (to create the user and mount the tmpfs) and `/usr/sbin/sshd`
+(Debian `openssh-server`); otherwise every test using the fixture is skipped
+with the reason. Everything started here is stopped by pid at teardown.
+
+Use: `pytest_plugins = ["tests.sshd"]` in conftest, or import the fixtures
+(`from tests.sshd import sshd, sshd_home  # noqa: F401`) in a test module.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+QUOTA_BYTES = 64 * 1024 * 1024  # size of the tmpfs home = the test user's quota
+ALIAS = "shardship-test"  # Host alias written to the client's ~/.ssh/config
+JUMP_ALIAS = "shardship-jump"  # a second alias that reaches ALIAS through ProxyJump
+
+
+def _sshd_binary() -> str | None:
+    return shutil.which("sshd") or (("/usr/sbin/sshd") if os.path.exists("/usr/sbin/sshd") else None)
+
+
+def skip_reason() -> str | None:
+    """Why the real-sshd tests cannot run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "real sshd tests need root (to create the test user and mount its tmpfs home)"
+    if _sshd_binary() is None:
+        return "OpenSSH sshd not installed (apt-get install openssh-server)"
+    if shutil.which("ssh-keygen") is None:
+        return "ssh-keygen not installed (apt-get install openssh-client)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+@dataclass
+class SSHD:
+    """A running sshd plus everything a client needs to reach it."""
+
+    host: str
+    port: int
+    user: str
+    uid: int
+    home: Path  # the remote user's home (tmpfs, QUOTA_BYTES)
+    client_home: Path  # use as $HOME for the client: .ssh/config, known_hosts, id_ed25519
+    key: Path  # the client's private key
+    ssh_config: Path  # for OpenSSH clients: `ssh -F ssh_config ALIAS`
+    known_hosts: Path
+    host_key_line: str  # "[127.0.0.1]:PORT ssh-ed25519 AAAA..."
+    log: Path
+    proc: subprocess.Popen
+    quota_bytes: int = QUOTA_BYTES
+    alias: str = ALIAS
+    jump_alias: str = JUMP_ALIAS
+    workdir: Path = field(default=Path("/"))
+
+    def env(self) -> dict[str, str]:
+        """Environment for a client subprocess (Fabric reads ~/.ssh through $HOME)."""
+        env = dict(os.environ)
+        env["HOME"] = str(self.client_home)
+        return env
+
+    def cluster(self, remote_dir: str = "shardship", host: str | None = None, **kw):
+        """A ClusterConfig for this server (via the ~/.ssh/config alias by default)."""
+        from packer.config import ClusterConfig
+
+        return ClusterConfig(name="test", host=host or self.alias, remote_dir=remote_dir, quota="auto", **kw)
+
+    def toml(self, remote_dir: str = "shardship", name: str = "test", extra: str = "") -> str:
+        """A shardship.toml [cluster.NAME] section for this server."""
+        return (
+            f"[cluster.{name}]\nhost = \"{self.alias}\"\nremote_dir = \"{remote_dir}\"\n"
+            f"quota = \"auto\"\n{extra}"
+        )
+
+    def wipe_home(self) -> None:
+        """Empty the remote home (as root) so each test starts from a clean quota."""
+        for p in self.home.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+    def used_bytes(self) -> int:
+        st = os.statvfs(self.home)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def fill(self, nbytes: int, name: str = ".filler") -> Path:
+        """Occupy `nbytes` of the quota with a file owned by the test user."""
+        p = self.home / name
+        with open(p, "wb") as f:
+            f.write(b"\0" * nbytes)
+        os.chown(p, self.uid, -1)
+        return p
+
+    def without_known_host(self) -> None:
+        """Forget the server's host key on the client side."""
+        self.known_hosts.write_text("")
+
+    def restore_known_host(self) -> None:
+        self.known_hosts.write_text(self.host_key_line + "\n")
+
+    def user_pids(self) -> list[int]:
+        """Processes running as the test user (its sshd sessions, sftp-servers)."""
+        pids = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if d.stat().st_uid == self.uid:
+                        pids.append(int(d.name))
+                except FileNotFoundError:
+                    pass
+        return pids
+
+
+def _write_config(d: Path, port: int, user: str, host_key: Path, authorized: Path, pid: Path) -> Path:
+    cfg = d / "sshd_config"
+    cfg.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {host_key}",
+                f"PidFile {pid}",
+                f"AuthorizedKeysFile {authorized}",
+                f"AllowUsers {user}",
+                "UsePAM no",
+                "StrictModes no",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin no",
+                "AllowTcpForwarding yes",  # ProxyJump tests hop through this same server
+                "MaxStartups 50",
+                "MaxSessions 20",
+                "Subsystem sftp internal-sftp",
+                "LogLevel VERBOSE",
+                "",
+            ]
+        )
+    )
+    return cfg
+
+
+def _wait_for_banner(port: int, proc: subprocess.Popen, log: Path, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited with {proc.returncode}: {log.read_text() if log.exists() else ''}")
+        with contextlib.suppress(OSError):
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        time.sleep(0.05)
+    raise RuntimeError(f"sshd did not answer on 127.0.0.1:{port} within {timeout}s")
+
+
+@contextlib.contextmanager
+def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
+    """Create the user, mount its tmpfs home, generate keys, run sshd; undo it all after."""
+    reason = skip_reason()
+    if reason:
+        raise RuntimeError(reason)
+    work = Path(tempfile.mkdtemp(prefix="shardship-sshd-"))
+    work.chmod(0o755)  # the test user must traverse to its home
+    user = f"sst{os.getpid() % 100000}{secrets.token_hex(2)}"
+    home = work / "home"
+    home.mkdir()
+    mounted = created = False
+    proc: subprocess.Popen | None = None
+    try:
+        _run("useradd", "-M", "-d", str(home), "-s", "/bin/sh", user)
+        created = True
+        _run("usermod", "-p", "*", user)  # '!' (locked) is refused by sshd with UsePAM no
+        pw = pwd.getpwnam(user)
+        _run("mount", "-t", "tmpfs", "-o", f"size={quota_bytes},mode=0755,uid={pw.pw_uid},gid={pw.pw_gid}",
+             "tmpfs", str(home))
+        mounted = True
+
+        srv = work / "server"
+        srv.mkdir()
+        host_key = srv / "host_ed25519"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "shardship-test-host", "-f", str(host_key))
+        client_home = work / "client"
+        ssh_dir = client_home / ".ssh"
+        ssh_dir.mkdir(parents=True)
+        ssh_dir.chmod(0o700)
+        key = ssh_dir / "id_ed25519"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "shardship-test-client", "-f", str(key))
+        authorized = srv / "authorized_keys"
+        authorized.write_text(Path(f"{key}.pub").read_text())
+        authorized.chmod(0o644)
+
+        port = _free_port()
+        pid_file = srv / "sshd.pid"
+        cfg = _write_config(srv, port, user, host_key, authorized, pid_file)
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation dir
+        log = srv / "sshd.log"
+        proc = subprocess.Popen([_sshd_binary(), "-D", "-f", str(cfg), "-E", str(log)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for_banner(port, proc, log)
+
+        host_pub = Path(f"{host_key}.pub").read_text().split()
+        host_line = f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}"
+        known_hosts = ssh_dir / "known_hosts"
+        known_hosts.write_text(host_line + "\n")
+        ssh_config = ssh_dir / "config"
+        ssh_config.write_text(
+            f"Host {ALIAS}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {key}\n"
+            f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n  BatchMode yes\n\n"
+            f"Host {JUMP_ALIAS}\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {key}\n"
+            f"  ProxyJump {ALIAS}\n  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n"
+            f"  BatchMode yes\n"
+        )
+        yield SSHD(host="127.0.0.1", port=port, user=user, uid=pw.pw_uid, home=home, client_home=client_home,
+                   key=key, ssh_config=ssh_config, known_hosts=known_hosts, host_key_line=host_line, log=log,
+                   proc=proc, quota_bytes=quota_bytes, workdir=work)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if created:
+            # Session processes of the test user outlive the listener: end them by pid.
+            with contextlib.suppress(KeyError):
+                uid = pwd.getpwnam(user).pw_uid
+                for d in Path("/proc").iterdir():
+                    if d.name.isdigit():
+                        with contextlib.suppress(OSError):
+                            if d.stat().st_uid == uid:
+                                os.kill(int(d.name), signal.SIGKILL)
+        if mounted:
+            if subprocess.run(["umount", str(home)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(home)], capture_output=True)
+        if created:
+            subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> Iterator[SSHD]:
+    """One real sshd for the whole test session (skipped without root / sshd)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with start_sshd() as server:
+        yield server
+
+
+@pytest.fixture
+def sshd_home(sshd: SSHD, monkeypatch: pytest.MonkeyPatch) -> Iterator[SSHD]:
+    """The session sshd with an empty remote home and $HOME pointing at its client side."""
+    sshd.wipe_home()
+    sshd.restore_known_host()
+    monkeypatch.setenv("HOME", str(sshd.client_home))
+    yield sshd
+    sshd.wipe_home()

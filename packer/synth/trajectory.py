@@ -1,0 +1,143 @@
+"""Smooth hand-like 6-DoF camera trajectories as closed-form functions of time.
+
+A trajectory is a function, not a table of samples, so the IMU can be evaluated at
+its own timestamps (another rate, another clock) exactly, with no resampling error
+that a scale/offset estimator would then have to absorb.
+
+Conventions (also written into synth_truth.json):
+- world: z up, gravity = (0, 0, -9.80665) m/s^2;
+- camera: OpenCV (x right, y down, z forward); poses are camera-to-world
+  (x_world = R_wc x_cam + p).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GRAVITY = 9.80665
+MOTIONS = ("hand", "rotation-only", "static")
+
+def hat(v: np.ndarray) -> np.ndarray:
+    """Skew-symmetric matrix of a 3-vector (cross-product operator)."""
+    x, y, z = v
+    return np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+
+
+def so3_exp(r: np.ndarray) -> np.ndarray:
+    """Rotation matrix of a rotation vector (Rodrigues)."""
+    r = np.asarray(r, dtype=np.float64)
+    th = float(np.linalg.norm(r))
+    K = hat(r)
+    if th < 1e-12:
+        return np.eye(3) + K
+    return np.eye(3) + (np.sin(th) / th) * K + ((1.0 - np.cos(th)) / th**2) * (K @ K)
+
+
+def so3_log(R: np.ndarray) -> np.ndarray:
+    """Rotation vector of a rotation matrix (angles < pi)."""
+    c = np.clip((np.trace(R) - 1.0) / 2.0, -1.0, 1.0)
+    th = float(np.arccos(c))
+    w = np.array([R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1]])
+    if th < 1e-8:
+        return 0.5 * w
+    return w * (th / (2.0 * np.sin(th)))
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """p(t) = p0 + sum_k A_k sin(2 pi f_k t + phi_k) per axis;
+    R(t) = LookAt(p(t), target) Exp(sum_k B_k sin(2 pi g_k t + psi_k)) (rotation
+    vector in the camera frame): a hand keeps the workspace in view while it moves,
+    with its own wobble on top."""
+
+    p0: np.ndarray  # (3,)
+    pos_amp: np.ndarray  # (K, 3) m
+    pos_freq: np.ndarray  # (K, 3) Hz
+    pos_phase: np.ndarray  # (K, 3) rad
+    target: np.ndarray  # (3,) point the camera keeps looking at (the workspace)
+    rot_amp: np.ndarray  # (K, 3) rad
+    rot_freq: np.ndarray  # (K, 3) Hz
+    rot_phase: np.ndarray  # (K, 3) rad
+
+    def position(self, t: np.ndarray) -> np.ndarray:
+        """(N,3) camera centre in world metres at frame-clock times t."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        arg = 2 * np.pi * self.pos_freq[None] * t[:, None, None] + self.pos_phase[None]
+        return self.p0[None] + np.sum(self.pos_amp[None] * np.sin(arg), axis=1)
+
+    def acceleration(self, t: np.ndarray) -> np.ndarray:
+        """(N,3) second derivative of position, analytic (world, m/s^2, gravity excluded)."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        w = 2 * np.pi * self.pos_freq[None]
+        arg = w * t[:, None, None] + self.pos_phase[None]
+        return -np.sum(self.pos_amp[None] * w**2 * np.sin(arg), axis=1)
+
+    def _rotvec(self, t: np.ndarray) -> np.ndarray:
+        arg = 2 * np.pi * self.rot_freq[None] * t[:, None, None] + self.rot_phase[None]
+        return np.sum(self.rot_amp[None] * np.sin(arg), axis=1)
+
+    def rotation(self, t: np.ndarray) -> np.ndarray:
+        """(N,3,3) camera-to-world rotations."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        return np.stack([look_at(p, self.target) @ so3_exp(r) for p, r in zip(self.position(t), self._rotvec(t))])
+
+    def angular_velocity(self, t: np.ndarray, h: float = 1e-4) -> np.ndarray:
+        """(N,3) body (camera-frame) angular velocity in rad/s: Log(R(t-h)^T R(t+h)) / 2h.
+        Central difference of a smooth function: error O(h^2), ~1e-9 rad/s here."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        Ra, Rb = self.rotation(t - h), self.rotation(t + h)
+        return np.stack([so3_log(a.T @ b) for a, b in zip(Ra, Rb)]) / (2 * h)
+
+    def poses(self, t: np.ndarray) -> np.ndarray:
+        """(N,4,4) camera-to-world matrices."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        T = np.tile(np.eye(4), (len(t), 1, 1))
+        T[:, :3, :3] = self.rotation(t)
+        T[:, :3, 3] = self.position(t)
+        return T
+
+
+def look_at(p: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Camera-to-world rotation of an OpenCV camera at p looking at target, no roll
+    (camera x stays horizontal)."""
+    z = target - p
+    z = z / np.linalg.norm(z)
+    x = np.cross(z, [0.0, 0.0, 1.0])
+    x = x / np.linalg.norm(x)
+    return np.stack([x, np.cross(z, x), z], axis=1)
+
+
+def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, target: np.ndarray) -> Trajectory:
+    """Random hand-like motion, per axis a slow sweep (0.1-0.25 Hz, 8-20 cm), a
+    medium swing (0.3-0.6 Hz, 3-7 cm) and a fast jiggle (0.7-1.3 Hz, 0.5-2 cm),
+    weighted sideways > forward > vertical: 0.2-0.5 m of travel, peak accelerations
+    of 0.1-0.3 g (enough for the IMU to make scale observable), and 10-25 deg of
+    rotation around keeping `target` in view.
+
+    "rotation-only": the same rotation with the centre fixed (scale unobservable);
+    "static": a fixed pose (every frame identical)."""
+    if motion not in MOTIONS:
+        raise ValueError(f"motion must be one of {MOTIONS}, got {motion!r}")
+    K = 3
+    lo_amp, hi_amp = np.array([[0.08], [0.03], [0.005]]), np.array([[0.2], [0.07], [0.02]])
+    pos_amp = rng.uniform(lo_amp, hi_amp, (K, 3)) * np.array([1.0, 0.6, 0.5])
+    pos_freq = rng.uniform(np.array([[0.1], [0.3], [0.7]]), np.array([[0.25], [0.6], [1.3]]), (K, 3))
+    pos_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    rot_amp = rng.uniform(0.02, 0.07, (K, 3))
+    rot_freq = rng.uniform(0.1, 0.8, (K, 3))
+    rot_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    if motion != "hand":
+        pos_amp = np.zeros_like(pos_amp)
+    if motion == "static":
+        rot_amp = np.zeros_like(rot_amp)
+    return Trajectory(
+        np.asarray(start, dtype=np.float64),
+        pos_amp,
+        pos_freq,
+        pos_phase,
+        np.asarray(target, dtype=np.float64),
+        rot_amp,
+        rot_freq,
+        rot_phase,
+    )

@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 
 from packer.synth.imu import ENCODER_KEYS, IMU_RATE, imu_timestamps, make_imu_model, synth_encoders, synth_imu
-from packer.synth.render import Renderer, make_scene
+from packer.synth.render import Renderer, Scene, make_scene
 from packer.synth.trajectory import GRAVITY, MOTIONS, make_trajectory
 
 __all__ = ["synth_session", "synth_dataset", "truth", "session_name", "TRUTH_FILE", "MOTIONS"]
@@ -58,6 +58,7 @@ def synth_session(
     imu_duration_factor: float = 1.0,
     nan_imu: bool = False,
     video: bool = False,
+    scene_seed: int | None = None,
     jpeg_quality: int = JPEG_QUALITY,
     progress: bool = False,
 ) -> Path:
@@ -72,6 +73,8 @@ def synth_session(
     nan_imu: writes NaN into a few IMU samples (bad-input tests).
     video: also write a placeholder `video.mov` (opaque bytes, never read) so raw-vs-packed
     byte counts include a video as real captures do.
+    scene_seed: the room (geometry and texture) comes from this seed instead of `seed`,
+    so several sessions can be recorded in the same room.
 
     The directory is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -92,10 +95,21 @@ def synth_session(
     ss = np.random.SeedSequence([int(seed), 0x5EED])
     g_scene, g_traj, g_imu, g_enc, g_nan, g_vid = (np.random.default_rng(s) for s in ss.spawn(6))
 
-    scene = make_scene(g_scene, scale)
-    pitch = float(g_traj.uniform(15.0, 25.0))
+    if scene_seed is None:
+        scene = _scene(int(seed), scale, g_scene)
+    else:
+        ss_scene = np.random.SeedSequence([int(scene_seed), 0x5EED]).spawn(1)[0]
+        scene = _scene(int(scene_seed), scale, np.random.default_rng(ss_scene))
+    table = scene.boxes[0]
+    target = np.array(
+        [
+            (table.lo[0] + table.hi[0]) / 2 + g_traj.uniform(-0.2, 0.2) * scale,
+            (table.lo[1] + table.hi[1]) / 2 + g_traj.uniform(-0.1, 0.3) * scale,
+            table.hi[2],
+        ]
+    )
     start = np.array([g_traj.uniform(-0.1, 0.1), g_traj.uniform(-0.1, 0.1), g_traj.uniform(-0.1, 0.05)]) * scale
-    traj = make_trajectory(g_traj, motion, start, pitch)
+    traj = make_trajectory(g_traj, motion, start, target)
     if scale != 1.0:
         traj = _scaled(traj, scale)
 
@@ -167,6 +181,7 @@ def synth_session(
     truth_obj = {
         "version": TRUTH_VERSION,
         "seed": int(seed),
+        "scene_seed": int(seed if scene_seed is None else scene_seed),
         "motion": motion,
         "conventions": {
             "pose": "camera-to-world 4x4, metres, OpenCV camera (x right, y down, z forward)",
@@ -200,6 +215,20 @@ def synth_session(
     return final
 
 
+_SCENES: dict[tuple[int, float], Scene] = {}
+
+
+def _scene(seed: int, scale: float, rng: np.random.Generator) -> Scene:
+    """make_scene, remembered for the last few (seed, scale): texture generation is
+    the slow part of a short session, and tests re-synthesise the same seed."""
+    key = (seed, scale)
+    if key not in _SCENES:
+        while len(_SCENES) >= 4:
+            _SCENES.pop(next(iter(_SCENES)))
+        _SCENES[key] = make_scene(rng, scale)
+    return _SCENES[key]
+
+
 def _scaled(traj: Any, s: float) -> Any:
     from dataclasses import replace
 
@@ -212,23 +241,49 @@ def synth_dataset(
     frames: int,
     seed: int,
     *,
+    same_room: bool = True,
+    workers: int = 1,
     progress: bool = True,
     **kw: Any,
 ) -> list[Path]:
     """Write `sessions` sessions of `frames` frames under `out`; returns their paths.
     Session i gets name `session_name(seed, i)` and its own seed derived from
-    (seed, i); extra keywords go to `synth_session`."""
+    (seed, i) (its own trajectory, IMU and gripper); with `same_room` (default, like
+    a student recording every demo in one lab) they share the room of `seed`.
+    `workers` > 1 renders sessions in parallel processes (same bytes either way).
+    Extra keywords go to `synth_session`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    it: Any = range(sessions)
+    if same_room:
+        kw.setdefault("scene_seed", int(seed))
+    jobs = [
+        (out, session_name(seed, i), frames, int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0]))
+        for i in range(sessions)
+    ]
+    bar: Any = None
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(it, desc="synth", unit="session")
-    for i in it:
-        sub = int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0])
-        paths.append(synth_session(out, session_name(seed, i), frames, sub, progress=False, **kw))
+        bar = tqdm(total=sessions, desc="synth", unit="session")
+    paths: list[Path] = []
+    try:
+        if workers <= 1 or sessions <= 1:
+            for job in jobs:
+                paths.append(synth_session(*job, **kw))
+                if bar is not None:
+                    bar.update()
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(workers, sessions)) as ex:
+                futs = [ex.submit(synth_session, *job, **kw) for job in jobs]
+                for f in futs:
+                    paths.append(f.result())
+                    if bar is not None:
+                        bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
     return paths
 
 

@@ -110,9 +110,9 @@ def look_at(p: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, target: np.ndarray) -> Trajectory:
     """Random hand-like motion, per axis a slow sweep (0.1-0.25 Hz, 8-20 cm), a
-    medium swing (0.3-0.6 Hz, 3-7 cm) and a fast jiggle (0.7-1.3 Hz, 0.5-2 cm),
+    medium swing (0.3-0.6 Hz, 3-7 cm) and a fast jiggle (0.7-1.3 Hz, 1-3 cm),
     weighted sideways > forward > vertical: 0.2-0.5 m of travel, peak accelerations
-    of 0.1-0.3 g (enough for the IMU to make scale observable), and 10-25 deg of
+    of 0.1-0.25 g (enough for the IMU to make scale observable), and 10-25 deg of
     rotation around keeping `target` in view.
 
     "rotation-only": the same rotation with the centre fixed (scale unobservable);
@@ -120,7 +120,7 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
     if motion not in MOTIONS:
         raise ValueError(f"motion must be one of {MOTIONS}, got {motion!r}")
     K = 3
-    lo_amp, hi_amp = np.array([[0.08], [0.03], [0.005]]), np.array([[0.2], [0.07], [0.02]])
+    lo_amp, hi_amp = np.array([[0.08], [0.03], [0.01]]), np.array([[0.2], [0.07], [0.03]])
     pos_amp = rng.uniform(lo_amp, hi_amp, (K, 3)) * np.array([1.0, 0.6, 0.5])
     pos_freq = rng.uniform(np.array([[0.1], [0.3], [0.7]]), np.array([[0.25], [0.6], [1.3]]), (K, 3))
     pos_phase = rng.uniform(0, 2 * np.pi, (K, 3))

@@ -102,12 +102,14 @@ def _pack_options(cfg: Config, **flags) -> PackOptions:
 @click.option("--shard-mb", type=float, default=None, help="Target shard size in MiB [8].")
 @click.option("--horizon", type=click.IntRange(1), default=None, help="Action chunk length [16].")
 @click.option("--workers", type=click.IntRange(0), default=None, help="Worker processes [all cores].")
+@click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default=None,
+              help="Also write .tar.zst shards: auto = only if a probe saves >10% [auto].")
 @click.option("--slam/--no-slam", default=True, show_default=True,
               help="Run `packer slam` first for sessions without metric poses (cached).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @CONFIG_OPT
 @friendly_errors
-def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, slam, quiet, config_path) -> None:
+def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, slam, quiet, config_path) -> None:
     """Resize frames to 224x224 and write indexed tar shards + index.json.
 
     Re-running is cheap: unchanged sessions are kept as they are, a killed run
@@ -116,6 +118,7 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, slam, quie
 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
+                         compress=compress,
                          shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     hook = _slam_hook(cfg, quiet) if slam else None

@@ -242,12 +242,31 @@ def pack(
         _encode_all(todo, out, opts, index, report, total_frames, progress)
 
     index["failed"] = dict(report.failed)
+    _apply_compression(out, index, opts.compress)
     _finalise_stats(index)
     manifest.save(out, index)
     report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
     report.packed_bytes = sum(s["bytes"] for s in index["shards"])
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _apply_compression(out: Path, index: dict[str, Any], mode: str) -> None:
+    """Probe once, then keep every shard's optional .tar.zst in step with its .tar."""
+    from packer.compress import compress_shard, decide
+
+    first = out / index["shards"][0]["name"] if index["shards"] else None
+    use, ratio = decide(mode, first)
+    index["compression"] = {"mode": mode, "probe_ratio": ratio, "used": use}
+    for sh in index["shards"]:
+        zst = out / (sh["name"] + ".zst")
+        if use:
+            c = sh.get("compressed")
+            if not c or not zst.exists() or zst.stat().st_size != c["bytes"]:
+                sh["compressed"] = compress_shard(out / sh["name"])
+        else:
+            sh["compressed"] = None
+            zst.unlink(missing_ok=True)
 
 
 def _tasks(plans: Iterable[_SessionPlan], spec: ResizeSpec):

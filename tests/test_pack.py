@@ -238,3 +238,20 @@ def test_ctrl_c_mid_pack_then_rerun(raw_copy: Path, tmp_path: Path):
     assert r.returncode == 0, r.stderr
     index = assert_consistent(out)
     assert len(index["sessions"]) == 3
+
+
+def test_compression_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path):
+    import zstandard
+
+    out = tmp_path / "p"
+    pack(raw_copy, out, opts(), progress=False)  # default auto: JPEG does not pay
+    index = manifest.load(out)
+    assert index["compression"]["mode"] == "auto" and 0 < index["compression"]["probe_ratio"] <= 1.0
+    assert index["compression"]["used"] == (index["compression"]["probe_ratio"] <= 0.9)
+    out2 = tmp_path / "z"
+    pack(raw_copy, out2, opts(compress="zstd"), progress=False)
+    index = manifest.load(out2)
+    sh = index["shards"][0]
+    z = out2 / sh["compressed"]["name"]
+    assert sha256_file(z) == sh["compressed"]["sha256"]
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(z.read_bytes()) == (out2 / sh["name"]).read_bytes()

@@ -74,14 +74,17 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session (60 fps).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--motion", type=click.Choice(["hand", "rotation-only", "static"]), default="hand", show_default=True,
+              help="rotation-only: scale is unobservable (SLAM must refuse); static: identical frames.")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @friendly_errors
-def synth(out: str, sessions: int, frames: int, seed: int) -> None:
+def synth(out: str, sessions: int, frames: int, seed: int, motion: str, workers: int) -> None:
     """Render synthetic StackCapture sessions (textured 3-D scene, IMU, encoders).
 
     Ground truth goes to synth_truth.json in each session; the pipeline never reads it."""
     from packer.synth import synth_dataset
 
-    paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed)
+    paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers)
     click.echo(f"wrote {len(paths)} session(s) to {out}")
 
 

@@ -103,14 +103,19 @@ def _plan_session(session: Session, opts: PackOptions, fingerprint: str) -> _Ses
         metas.append({
             "session": session.name, "frame": frame, "timestamp": float(t[j]),
             "image_size": [opts.size, opts.size], "intrinsics": k,
-            "pose": poses[j].tolist() if poses is not None else None,
+            "pose": _r(poses[j]) if poses is not None else None,
             "pose_metric": bool(metric and poses is not None),
             "interpolated": frame in interpolated,
-            "proprio": joints[j].tolist() if joints is not None else [],
-            "action": actions[j].tolist() if actions is not None else None,
+            "proprio": _r(joints[j]) if joints is not None else [],
+            "action": _r(actions[j]) if actions is not None else None,
             "action_mask": mask[j].tolist(),
         })
     return _SessionPlan(session, fingerprint, keep, metas, astats, pstats, enc.names if enc else [])
+
+
+def _r(x: np.ndarray) -> list:
+    """Micrometre / micro-radian precision: keeps sample JSON small."""
+    return np.round(x, 6).tolist()
 
 
 def _session_entry(plan: _SessionPlan, shards: list, raw_bytes: int) -> dict[str, Any]:
@@ -258,15 +263,21 @@ def _apply_compression(out: Path, index: dict[str, Any], mode: str) -> None:
     first = out / index["shards"][0]["name"] if index["shards"] else None
     use, ratio = decide(mode, first)
     index["compression"] = {"mode": mode, "probe_ratio": ratio, "used": use}
-    for sh in index["shards"]:
-        zst = out / (sh["name"] + ".zst")
-        if use:
-            c = sh.get("compressed")
-            if not c or not zst.exists() or zst.stat().st_size != c["bytes"]:
-                sh["compressed"] = compress_shard(out / sh["name"])
-        else:
+    try:
+        for sh in index["shards"]:
+            zst = out / (sh["name"] + ".zst")
+            if use:
+                c = sh.get("compressed")
+                if not c or not zst.exists() or zst.stat().st_size != c["bytes"]:
+                    sh["compressed"] = compress_shard(out / sh["name"])
+            else:
+                sh["compressed"] = None
+                zst.unlink(missing_ok=True)
+    except OSError as e:  # e.g. disk full: the plain .tar shards are complete, ship those
+        for sh in index["shards"]:
             sh["compressed"] = None
-            zst.unlink(missing_ok=True)
+            (out / (sh["name"] + ".zst")).unlink(missing_ok=True)
+        index["compression"].update(used=False, error=_disk_error(e, out))
 
 
 def _tasks(plans: Iterable[_SessionPlan], spec: ResizeSpec):

@@ -216,8 +216,11 @@ def test_bad_imu_options(tmp_path: Path) -> None:
     with pytest.raises(SessionError, match="NaN"):
         load_imu(load_session(bad))
     # only the IMU differs from the clean session: frames are the same bytes
-    clean = synth_session(tmp_path, "clean", 3, seed=1)
+    clean = synth_session(tmp_path, "clean", 3, seed=1, video=True)
     assert (bad / "rgb/000002.jpg").read_bytes() == (clean / "rgb/000002.jpg").read_bytes()
+    jpg = sum(p.stat().st_size for p in (clean / "rgb").iterdir())
+    assert 0.2 * jpg < (clean / "video.mov").stat().st_size < jpg  # a raw-only file of realistic size
+    assert load_session(clean).n_frames == 3
 
 
 def test_dataset_names_and_seeds(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ echo "== 1/3 synthetic sessions -> $DEMO/raw"
 [ -d "$DEMO/raw" ] || $PY -m packer synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0
 $PY -m packer check --raw "$DEMO/raw"
 echo "== 2/3 pack -> $DEMO/packed"
-$PY -m packer pack --raw "$DEMO/raw" --out "$DEMO/packed"
+$PY -m packer pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers
 echo "== 3/3 budget against a 10G quota"
 $PY -m packer budget --out "$DEMO/packed" --quota 10G
 echo

@@ -286,3 +286,86 @@ def sshd_home(sshd: SSHD, monkeypatch: pytest.MonkeyPatch) -> Iterator[SSHD]:
     monkeypatch.setenv("HOME", str(sshd.client_home))
     yield sshd
     sshd.wipe_home()
+
+
+# ---------------------------------------------------------------------------
+# packed test data: small WebDataset tars + a docs/FORMAT.md index.json
+# (built here so transfer tests do not depend on the packer's code)
+# ---------------------------------------------------------------------------
+
+
+def _tar_bytes(session: str, frames: int, frame_bytes: int, rng, extra: list | None = None) -> tuple[bytes, list]:
+    """A ustar shard `<session>/<frame:06d>.jpg|.json` and its FORMAT.md sample rows."""
+    import io
+    import json
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i in range(frames):
+            for ext, data in (("jpg", rng.bytes(frame_bytes)),
+                              ("json", json.dumps({"session": session, "frame": i, "timestamp": i / 60}).encode())):
+                ti = tarfile.TarInfo(f"{session}/{i:06d}.{ext}")
+                ti.size, ti.mtime, ti.mode = len(data), 1767225600, 0o644
+                tf.addfile(ti, io.BytesIO(data))
+        for ti, data in extra or []:
+            tf.addfile(ti, io.BytesIO(data) if data is not None else None)
+    raw = buf.getvalue()
+    rows = []
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+        members = tf.getmembers()
+        for a, b in zip(members[0::2], members[1::2]):
+            if a.name.endswith(".jpg") and b.name.endswith(".json"):
+                rows.append([a.name[:-4], a.offset_data, a.size, b.offset_data, b.size, 0])
+    return raw, rows
+
+
+def make_packed(out: Path, shards: dict[str, int] | None = None, *, frame_bytes: int = 64 * 1024, seed: int = 0,
+                compress: bool = False, keep_tar: bool = True, extra_members: dict[str, list] | None = None) -> dict:
+    """Write shards + index.json into `out`. `shards`: {shard name: frames}. With
+    `compress`, each shard also gets a `.tar.zst` (and the index a `compressed` entry);
+    `keep_tar=False` then leaves only the `.tar.zst` locally. Returns the index."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    shards = shards or {"session_a-0a1b2c-0000.tar": 16, "session_a-0a1b2c-0001.tar": 16,
+                        "session_b-3d4e5f-0000.tar": 8}
+    entries, sessions = [], {}
+    for name, frames in shards.items():
+        session = name.split("-")[0]
+        raw, rows = _tar_bytes(session, frames, frame_bytes, rng, (extra_members or {}).get(name))
+        entry = {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(), "session": session,
+                 "samples": rows, "compressed": None}
+        if compress:
+            import zstandard
+
+            z = zstandard.ZstdCompressor(level=3).compress(raw)
+            (out / f"{name}.zst").write_bytes(z)
+            entry["compressed"] = {"name": f"{name}.zst", "bytes": len(z), "sha256": hashlib.sha256(z).hexdigest()}
+        if keep_tar or not compress:
+            (out / name).write_bytes(raw)
+        entries.append(entry)
+        s = sessions.setdefault(session, {"fingerprint": hashlib.sha256(session.encode()).hexdigest(), "frames": 0,
+                                          "samples": 0, "raw_bytes": 0, "packed_bytes": 0, "shards": [],
+                                          "intrinsics": None, "pose_metric": False, "calibration": None,
+                                          "warnings": []})
+        s["frames"] += frames
+        s["samples"] += len(rows)
+        s["packed_bytes"] += len(raw)
+        s["shards"].append(name)
+    index = {
+        "format": "shardship-index", "version": 1, "created": "2026-01-01T00:00:00Z", "tool": "shardship 0.1.0",
+        "pil": "test", "options": {"size": 224, "crop": "squash", "quality": 90, "stride": 1,
+                                   "shard_bytes": 8 << 20, "horizon": 16, "compress": "zstd" if compress else "none"},
+        "sample_fields": ["key", "jpg_offset", "jpg_size", "json_offset", "json_size", "has_action"],
+        "shards": entries, "sessions": sessions, "failed": {}, "joints": [], "action_dim": 9, "horizon": 16,
+        "stats": {}, "totals": {"samples": sum(len(e["samples"]) for e in entries), "raw_bytes": 0,
+                                "packed_bytes": sum(e["bytes"] for e in entries)},
+    }
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return index

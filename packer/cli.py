@@ -181,13 +181,12 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
     )
     source = "default 10G"
     if remote:
-        from transfer import connect
-        from transfer.quota import live_quota
+        from transfer import remote_quota
 
-        cluster = cfg.cluster(remote)
-        with connect(cluster, accept_new_host_key=accept_new_host_key) as r:
-            q = live_quota(r, cluster.remote_dir)
-        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, q.used_bytes
+        q = remote_quota(cfg.cluster(remote), accept_new_host_key=accept_new_host_key)
+        if q is None or not q.limit_bytes:
+            raise ShardshipError(f"{remote}: no quota found (tried quota, lfs, mmlsquota, df): pass --quota SIZE")
+        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, q.used_bytes or 0
         inputs.inode_limit, inputs.inodes_used, source = q.inode_limit, q.inode_used or 0, f"{q.source} on {remote}"
     elif quota:
         inputs.quota_bytes, source = parse_size(quota), "--quota"

@@ -10,6 +10,8 @@ if str(ROOT) not in sys.path:
 
 from tests.datasets import make_raw  # noqa: E402
 
+pytest_plugins = ["tests.sshd"]  # the real OpenSSH sshd fixture (tests/sshd.py)
+
 
 @pytest.fixture(scope="session")
 def raw_cache(tmp_path_factory) -> Path:

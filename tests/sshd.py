@@ -12,6 +12,9 @@ with the reason. Everything started here is stopped by pid at teardown.
 
 Use: `pytest_plugins = ["tests.sshd"]` in conftest, or import the fixtures
 (`from tests.sshd import sshd, sshd_home  # noqa: F401`) in a test module.
+`start_sshd(...)` is the same server as a context manager (bench/upload.py,
+a second server with PAM keyboard-interactive for the MFA tests), and
+`make_packed(...)` writes small docs/FORMAT.md-conformant shards + index.json.
 """
 from __future__ import annotations
 
@@ -141,11 +144,13 @@ class SSHD:
         return pids
 
 
-def _write_config(d: Path, port: int, user: str, host_key: Path, authorized: Path, pid: Path) -> Path:
+def _write_config(d: Path, port: int, user: str, host_key: Path, authorized: Path, pid: Path,
+                  overrides: dict[str, str] | None = None) -> Path:
+    """sshd_config; `overrides` come first (sshd keeps the first value it reads)."""
     cfg = d / "sshd_config"
     cfg.write_text(
         "\n".join(
-            [
+            [f"{k} {v}" for k, v in (overrides or {}).items()] + [
                 f"Port {port}",
                 "ListenAddress 127.0.0.1",
                 f"HostKey {host_key}",
@@ -184,8 +189,11 @@ def _wait_for_banner(port: int, proc: subprocess.Popen, log: Path, timeout: floa
 
 
 @contextlib.contextmanager
-def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
-    """Create the user, mount its tmpfs home, generate keys, run sshd; undo it all after."""
+def start_sshd(quota_bytes: int = QUOTA_BYTES, overrides: dict[str, str] | None = None,
+               password: str | None = None) -> Iterator[SSHD]:
+    """Create the user, mount its tmpfs home, generate keys, run sshd; undo it all after.
+    `overrides`: sshd_config lines that win over the defaults; `password`: give the user one
+    (for keyboard-interactive via PAM), never printed."""
     reason = skip_reason()
     if reason:
         raise RuntimeError(reason)
@@ -200,6 +208,8 @@ def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
         _run("useradd", "-M", "-d", str(home), "-s", "/bin/sh", user)
         created = True
         _run("usermod", "-p", "*", user)  # '!' (locked) is refused by sshd with UsePAM no
+        if password is not None:
+            subprocess.run(["chpasswd"], input=f"{user}:{password}\n", text=True, check=True, capture_output=True)
         pw = pwd.getpwnam(user)
         _run("mount", "-t", "tmpfs", "-o", f"size={quota_bytes},mode=0755,uid={pw.pw_uid},gid={pw.pw_gid}",
              "tmpfs", str(home))
@@ -221,7 +231,7 @@ def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
 
         port = _free_port()
         pid_file = srv / "sshd.pid"
-        cfg = _write_config(srv, port, user, host_key, authorized, pid_file)
+        cfg = _write_config(srv, port, user, host_key, authorized, pid_file, overrides)
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege-separation dir
         log = srv / "sshd.log"
         proc = subprocess.Popen([_sshd_binary(), "-D", "-f", str(cfg), "-E", str(log)],
@@ -244,15 +254,9 @@ def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
                    key=key, ssh_config=ssh_config, known_hosts=known_hosts, host_key_line=host_line, log=log,
                    proc=proc, quota_bytes=quota_bytes, workdir=work)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         if created:
-            # Session processes of the test user outlive the listener: end them by pid.
+            # Session processes of the test user outlive the listener: end them by pid first,
+            # while the listener is still there to reap their privileged monitors.
             with contextlib.suppress(KeyError):
                 uid = pwd.getpwnam(user).pw_uid
                 for d in Path("/proc").iterdir():
@@ -260,6 +264,14 @@ def start_sshd(quota_bytes: int = QUOTA_BYTES) -> Iterator[SSHD]:
                         with contextlib.suppress(OSError):
                             if d.stat().st_uid == uid:
                                 os.kill(int(d.name), signal.SIGKILL)
+            time.sleep(0.1)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         if mounted:
             if subprocess.run(["umount", str(home)], capture_output=True).returncode != 0:
                 subprocess.run(["umount", "-l", str(home)], capture_output=True)
@@ -327,17 +339,18 @@ def make_packed(out: Path, shards: dict[str, int] | None = None, *, frame_bytes:
     `keep_tar=False` then leaves only the `.tar.zst` locally. Returns the index."""
     import hashlib
     import json
+    import zlib
 
     import numpy as np
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
     shards = shards or {"session_a-0a1b2c-0000.tar": 16, "session_a-0a1b2c-0001.tar": 16,
                         "session_b-3d4e5f-0000.tar": 8}
     entries, sessions = [], {}
     for name, frames in shards.items():
         session = name.split("-")[0]
+        rng = np.random.default_rng([seed, zlib.crc32(name.encode())])  # a shard's bytes depend on it alone
         raw, rows = _tar_bytes(session, frames, frame_bytes, rng, (extra_members or {}).get(name))
         entry = {"name": name, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(), "session": session,
                  "samples": rows, "compressed": None}

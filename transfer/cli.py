@@ -1,0 +1,153 @@
+"""`transfer quota | upload | status | pull`: thin click wrappers, one connection each.
+
+Expected failures print one line (no traceback) and exit with the code from
+packer.errors: 2 usage/config, 3 over quota (nothing sent), 4 remote /
+connection, 1 partial (disk full mid-way: verified shards kept).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from packer.config import human, load_config, parse_size
+from packer.errors import QuotaError, ShardshipError
+from transfer.connection import connect
+from transfer.plan import DEFAULT_MARGIN
+
+
+def _common(f: Callable) -> Callable:
+    f = click.option("--accept-new-host-key", is_flag=True,
+                     help="Trust and save an unknown host key (a changed key is still refused).")(f)
+    f = click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="Local packed directory (default: paths.packed from the config, data/packed).")(f)
+    f = click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="shardship.toml (default: ./shardship.toml or $SHARDSHIP_CONFIG).")(f)
+    f = click.option("--cluster", "cluster", default=None,
+                     help="[cluster.NAME] from the config, or local:PATH (a directory standing in for the remote home).")(f)
+    return f
+
+
+def _errors(f: Callable) -> Callable:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except ShardshipError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(int(e.code))
+        except KeyboardInterrupt:
+            click.echo("interrupted: partial files are kept; rerun the same command to resume", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _setup(cluster: str | None, config: Path | None, out: Path | None):
+    cfg = load_config(config)
+    return cfg, cfg.cluster(cluster), (out if out is not None else cfg.packed)
+
+
+@click.group()
+def main() -> None:
+    """Move packed shards to a cluster: quota-aware, resumable, verified, one SSH connection per command."""
+
+
+@main.command()
+@_common
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+@_errors
+def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
+          as_json: bool) -> None:
+    """Live quota and usage (space and inodes) of the cluster's remote_dir."""
+    cfg, cl, _ = _setup(cluster, config, out)
+    with connect(cl, accept_new_host_key) as remote:
+        q = remote.quota()
+        if as_json:
+            click.echo(json.dumps({"where": f"{remote.label}:{remote.root}", **(q.__dict__ if q else {}),
+                                   "headroom_bytes": q.headroom_bytes if q else None}))
+            return
+        if q is None:
+            raise ShardshipError(f"{remote.label}: no quota tool answered (not even df)", code=4)
+        click.echo(f"{remote.label}:{remote.root}")
+        click.echo(f"  space : {human(q.used_bytes or 0)} used" +
+                   (f" of {human(q.limit_bytes)}" if q.limit_bytes is not None else "") +
+                   (f", {human(max(q.headroom_bytes, 0))} free" if q.headroom_bytes is not None else ""))
+        if q.inode_limit is not None:
+            click.echo(f"  files : {q.inode_used or 0:,} of {q.inode_limit:,}")
+        click.echo(f"  source: {q.source}" + (f" ({q.filesystem})" if q.filesystem else ""))
+
+
+@main.command()
+@_common
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (what would be sent, peak usage vs quota); send nothing. Exit 3 if it would not fit.")
+@click.option("--margin", default=DEFAULT_MARGIN, show_default=True,
+              help="Safety margin kept free under the quota: a percentage of the limit or a size (200M).")
+@click.option("--bwlimit", default=None, help="Limit the upload rate, e.g. 20M (bytes per second).")
+@click.option("--no-compress", is_flag=True, help="Send .tar even where a .tar.zst exists.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@_errors
+def upload(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool, dry_run: bool,
+           margin: str, bwlimit: str | None, no_compress: bool, progress: bool | None) -> None:
+    """Send new/changed shards, verify each by sha256 on the remote, write index.json last."""
+    from transfer.upload import upload as do_upload
+
+    cfg, cl, packed = _setup(cluster, config, out)
+    rate = parse_size(bwlimit) if bwlimit else None
+    with connect(cl, accept_new_host_key) as remote:
+        result = do_upload(remote, packed, margin=margin, dry_run=dry_run, bwlimit=rate, config_quota=cl.quota,
+                           use_compressed=not no_compress, progress=progress)
+        if dry_run or result.plan.sends:
+            click.echo(f"plan for {result.where}:")
+            for line in result.plan.lines():
+                click.echo(line)
+        if dry_run and result.plan.sends and not result.plan.fits:
+            raise QuotaError(result.plan.refusal(result.where))  # same verdict and exit code (3) as a real run
+        click.echo(result.summary())
+
+
+@main.command()
+@_common
+@click.option("--verify", is_flag=True, help="Re-hash every shard (remote side on the remote, local side here).")
+@_errors
+def status(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
+           verify: bool) -> None:
+    """What is local, remote, verified, missing."""
+    from transfer.manifest import load_local
+    from transfer.status import local_verify, status as do_status
+
+    cfg, cl, packed = _setup(cluster, config, out)
+    with connect(cl, accept_new_host_key) as remote:
+        report = do_status(remote, packed, verify=verify)
+    for line in report.lines():
+        click.echo(line)
+    if verify and report.index_local:
+        bad = local_verify(packed, load_local(packed)[1])
+        if bad:
+            click.echo(f"  local shards that differ from index.json: {', '.join(bad)} (re-run `packer pack`)")
+
+
+@main.command()
+@_common
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Local directory to put the files in (default: paths.outputs, outputs/).")
+@click.option("--progress/--no-progress", default=None)
+@_errors
+def pull(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
+         paths: tuple[str, ...], dest: Path | None, progress: bool | None) -> None:
+    """Fetch files or directories (relative to remote_dir) back, resumed and verified."""
+    from transfer.pull import pull as do_pull
+
+    cfg, cl, _ = _setup(cluster, config, out)
+    target = dest if dest is not None else cfg.outputs
+    with connect(cl, accept_new_host_key) as remote:
+        outcomes = do_pull(remote, list(paths), target, progress=progress)
+    got = [o for o in outcomes if not o.skipped]
+    click.echo(f"{len(got)} files fetched and verified ({human(sum(o.received for o in got))}), "
+               f"{len(outcomes) - len(got)} already here, into {target}")

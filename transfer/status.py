@@ -1,0 +1,115 @@
+"""`transfer status`: what is local, what is remote, what is verified, what is missing.
+
+Cheap by default (one listing + the remote bookkeeping file: a shard counts as
+verified when the sha256 recorded at upload still matches the local index and
+the file's size/mtime are unchanged). `verify=True` re-hashes every remote
+shard on the remote instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packer.config import human
+from transfer.hashing import file_sha256
+from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
+from transfer.quota import Quota, live_quota
+from transfer.remote import Remote
+from transfer.upload import read_state
+
+
+@dataclass
+class ShardStatus:
+    name: str
+    bytes: int
+    local: bool  # the local file (or its .tar.zst) is there with the right size
+    remote_bytes: int | None  # None: not on the remote
+    verified: bool  # remote sha256 == index sha256
+    part_bytes: int = 0  # a partial upload waiting to be resumed
+
+    @property
+    def state(self) -> str:
+        if self.verified:
+            return "verified"
+        if self.remote_bytes is not None:
+            return "differs" if self.remote_bytes == self.bytes else "incomplete"
+        if self.part_bytes:
+            return f"partial ({human(self.part_bytes)})"
+        return "missing"
+
+
+@dataclass
+class StatusReport:
+    where: str
+    shards: list[ShardStatus] = field(default_factory=list)
+    remote_only: list[str] = field(default_factory=list)
+    index_local: bool = False
+    index_remote: str = "missing"  # "missing" | "same" | "differs"
+    quota: Quota | None = None
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.shards) and all(s.verified for s in self.shards) and self.index_remote == "same"
+
+    def lines(self) -> list[str]:
+        out = [f"{self.where}"]
+        for s in self.shards:
+            out.append(f"  {s.name:<44} {human(s.bytes):>10}  local:{'yes' if s.local else 'NO ':<3}  {s.state}")
+        n_ok = sum(s.verified for s in self.shards)
+        out.append(f"  {n_ok}/{len(self.shards)} shards verified on the remote; "
+                   f"{sum(1 for s in self.shards if not s.verified)} missing or different; "
+                   f"remote index.json: {self.index_remote}")
+        if self.remote_only:
+            out.append(f"  on the remote only: {', '.join(self.remote_only[:5])}"
+                       + (" ..." if len(self.remote_only) > 5 else ""))
+        if self.quota is not None:
+            out.append(f"  quota: {self.quota.describe()}")
+        return out
+
+
+def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_quota: bool = True) -> StatusReport:
+    out_dir = Path(out_dir)
+    report = StatusReport(f"{remote.label}:{remote.root}")
+    shards: list[ShardFile] = []
+    index_bytes = None
+    if (out_dir / INDEX).is_file():
+        index_bytes, shards = load_local(out_dir)
+        report.index_local = True
+    listing = remote.listdir()
+    state = read_state(remote) if REMOTE_STATE in listing else {}
+    names = [s.name for s in shards if s.name in listing and not listing[s.name].is_dir]
+    fresh = remote.sha256_many(names) if (verify and names) else {}
+    for s in shards:
+        st = listing.get(s.name)
+        have_local = local_file(out_dir, s.ref) is not None or (
+            s.compressed is not None and local_file(out_dir, s.compressed) is not None)
+        if st is None or st.is_dir:
+            send = s.compressed.name if s.compressed else s.name
+            part = listing.get(send + PART) or listing.get(s.name + PART)
+            report.shards.append(ShardStatus(s.name, s.bytes, have_local, None, False, part.size if part else 0))
+            continue
+        if verify:
+            ok = fresh.get(remote.path(s.name)) == s.sha256
+        else:
+            known = state.get(s.name, {})
+            ok = (known.get("sha256") == s.sha256 and known.get("size") == st.size
+                  and known.get("mtime") == int(st.mtime))
+        report.shards.append(ShardStatus(s.name, s.bytes, have_local, st.size, ok))
+    local_names = {s.name for s in shards} | {s.compressed.name for s in shards if s.compressed}
+    report.remote_only = sorted(n for n in listing if n.endswith((".tar", ".tar.zst")) and n not in local_names)
+    if INDEX in listing:
+        remote_index = remote.read_file(INDEX)
+        report.index_remote = "same" if remote_index == index_bytes else "differs"
+    if with_quota:
+        report.quota = live_quota(remote, remote.root)
+    return report
+
+
+def local_verify(out_dir: Path, shards: list[ShardFile]) -> list[str]:
+    """Names of local shards whose sha256 differs from the index (for `status --verify`)."""
+    bad = []
+    for s in shards:
+        p = local_file(out_dir, s.ref)
+        if p is not None and file_sha256(p) != s.sha256:
+            bad.append(s.name)
+    return bad

@@ -1,0 +1,520 @@
+"""`transfer upload`: send the packed shards, never blowing the quota, verified.
+
+Order of work (one connection, one SFTP session):
+  1. local index.json -> shards; remote listing + bookkeeping -> what is there
+     (sha256 computed on the remote only for files whose hash is not known);
+  2. live quota -> plan (transfer.plan): over quota -> QuotaError (exit 3)
+     before anything is written, not even a directory;
+  3. per shard: SFTP (pipelined) into NAME.part, resuming from the .part's size
+     when its prefix hashes the same as ours; sha256 on the remote; a mismatch
+     is retried once from zero; atomic rename; `.tar.zst` unpacked (checked);
+  4. remote index.json last, atomically, and only when every shard made it.
+A killed or dropped run leaves only `.part` files and verified shards: the
+rerun resumes. A full disk mid-shard removes that `.part`, keeps the verified
+shards and exits 1 with the numbers.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import sys
+import tarfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from packer.config import human, parse_size
+from packer.errors import Exit, QuotaError, RemoteError, ShardshipError
+from transfer import unpack
+from transfer.hashing import RemoteHasher, file_sha256
+from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
+from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, Step, build_plan
+from transfer.quota import Quota, live_quota
+from transfer.remote import Remote
+
+Event = Callable[..., None]  # on_event(kind: str, **info)
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+class DiskFullError(ShardshipError):
+    """The remote filled up mid-upload: verified shards are kept, exit code 1."""
+
+    code = Exit.PARTIAL
+
+
+class UnsafeShardError(ShardshipError):
+    """A shard's tar has members that could write outside their directory."""
+
+    code = Exit.PARTIAL
+
+
+@dataclass
+class ShardOutcome:
+    name: str
+    action: str  # the planned action
+    sent: int = 0  # bytes sent by this run
+    resumed_from: int = 0  # .part bytes reused
+    restarted: bool = False  # an existing .part did not match and was thrown away
+    retried: bool = False  # the first verification failed, sent again from zero
+    done: bool = False
+
+
+@dataclass
+class UploadResult:
+    where: str
+    plan: Plan
+    outcomes: list[ShardOutcome] = field(default_factory=list)
+    index_written: bool = False
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(o.sent for o in self.outcomes)
+
+    def summary(self) -> str:
+        if self.dry_run:
+            return f"{self.where}: dry run, nothing sent"
+        n = sum(1 for o in self.outcomes if o.done)
+        rate = self.bytes_sent / self.seconds / 1e6 if self.seconds > 0 else 0.0
+        skipped = sum(1 for s in self.plan.steps if s.action == "skip")
+        return (f"{self.where}: {n} shard{'' if n == 1 else 's'} sent and verified ({human(self.bytes_sent)}, {rate:.1f} MB/s), "
+                f"{skipped} already there" + ("; index.json updated" if self.index_written else ""))
+
+
+class RateLimit:
+    """Token bucket for --bwlimit (be polite on a shared login node)."""
+
+    def __init__(self, bytes_per_s: int):
+        self.bps = float(bytes_per_s)
+        self.t0 = time.monotonic()
+        self.n = 0
+
+    def __call__(self, nbytes: int) -> None:
+        ahead = self.n / self.bps - (time.monotonic() - self.t0)
+        if ahead > 0:
+            time.sleep(ahead)
+        self.n += nbytes
+
+
+# ---------------------------------------------------------------------------
+# remote bookkeeping
+# ---------------------------------------------------------------------------
+
+
+def read_state(remote: Remote) -> dict[str, dict[str, Any]]:
+    """{name: {size, mtime, sha256}} of files verified earlier ({} when absent or unreadable)."""
+    if remote.stat(REMOTE_STATE) is None:
+        return {}
+    try:
+        obj = json.loads(remote.read_file(REMOTE_STATE))
+        files = obj.get("files", {})
+        return {k: v for k, v in files.items() if isinstance(v, dict)}
+    except (ValueError, RemoteError, OSError):
+        return {}  # a damaged state only costs re-hashing on the remote
+
+
+def write_state(remote: Remote, state: dict[str, dict[str, Any]]) -> None:
+    data = json.dumps({"format": "shardship-remote-state", "version": 1, "files": state}, indent=0).encode()
+    remote.write_file(REMOTE_STATE, data)
+
+
+def remote_entries(remote: Remote, items: list[Item], listing: dict, state: dict) -> tuple[dict[str, RemoteEntry], dict]:
+    """What the remote holds for each shard; hashes (on the remote) only what the state
+    file cannot vouch for and whose size matches. Returns (entries, new state rows)."""
+    entries: dict[str, RemoteEntry] = {}
+    to_hash: list[str] = []
+    for it in items:
+        st = listing.get(it.name)
+        if st is None or st.is_dir:
+            continue
+        known = state.get(it.name)
+        if known and known.get("size") == st.size and known.get("mtime") == int(st.mtime):
+            entries[it.name] = RemoteEntry(st.size, known.get("sha256"))
+        elif st.size == it.bytes:
+            to_hash.append(it.name)
+        else:
+            entries[it.name] = RemoteEntry(st.size, None)
+    fresh: dict[str, dict[str, Any]] = {}
+    if to_hash:
+        hashes = remote.sha256_many(to_hash)
+        for name in to_hash:
+            digest = hashes[remote.path(name)]
+            st = listing[name]
+            entries[name] = RemoteEntry(st.size, digest)
+            fresh[name] = {"size": st.size, "mtime": int(st.mtime), "sha256": digest}
+    return entries, fresh
+
+
+def remote_parts(items: list[Item], listing: dict) -> dict[str, int]:
+    """{send_name: bytes already there}: NAME.part, or a complete NAME.tar.zst not yet unpacked."""
+    parts: dict[str, int] = {}
+    for it in items:
+        st = listing.get(it.send_name + PART)
+        if st is not None and not st.is_dir:
+            parts[it.send_name] = st.size
+        if it.compressed:
+            done = listing.get(it.send_name)
+            if done is not None and not done.is_dir:
+                parts[it.send_name] = max(parts.get(it.send_name, 0), done.size)
+    return parts
+
+
+def remote_can_unzstd(remote: Remote) -> bool:
+    argv, stdin = unpack.remote_call("probe")
+    res = remote.run(argv, stdin=stdin)
+    if not res.ok:
+        return False
+    try:
+        return bool(json.loads(res.stdout).get("zstd"))
+    except ValueError:
+        return False
+
+
+def apply_config_quota(q: Quota | None, configured: str | None, remote: Remote) -> Quota | None:
+    """Combine the live answer with `quota = "10G"` from shardship.toml: the tighter limit
+    wins. When only df answered (no per-user quota tool), df's "used" is the whole
+    filesystem's, so usage comes from `du -sk` of the remote home instead."""
+    if not configured or str(configured).lower() == "auto":
+        return q
+    limit = parse_size(configured)
+    if q is not None and q.source != "df -P":
+        return replace(q, limit_bytes=min(q.limit_bytes, limit) if q.limit_bytes else limit,
+                       source=f"{q.source} + config {configured}")
+    used = 0  # a home that does not exist yet (local:PATH) holds nothing
+    if remote.stat(remote.home) is not None:
+        res = remote.run(["du", "-sk", "--", remote.home])
+        try:
+            used = int(res.stdout.split()[0]) * 1024
+        except (ValueError, IndexError):
+            raise RemoteError(f"{remote.label}: cannot measure the usage of {remote.home} with du: "
+                              f"{res.stderr.strip()[:200]}") from None
+    return Quota(limit, used, None, None, f"config {configured} + du", avail_bytes=q.avail_bytes if q else None,
+                 filesystem=q.filesystem if q else None)
+
+
+# ---------------------------------------------------------------------------
+# the upload
+# ---------------------------------------------------------------------------
+
+
+def prepare(remote: Remote, out_dir: Path, *, margin: str | int = DEFAULT_MARGIN, use_compressed: bool = True,
+            config_quota: str | None = None) -> tuple[Plan, bytes, dict, dict]:
+    """Everything up to the verdict; reads only. Returns (plan, index bytes, state, fresh state rows)."""
+    index_bytes, shards = load_local(out_dir)
+    items = choose_items(remote, out_dir, shards, use_compressed)
+    listing = remote.listdir()
+    state = read_state(remote) if REMOTE_STATE in listing else {}
+    entries, fresh = remote_entries(remote, items, listing, state)
+    parts = remote_parts(items, listing)
+    quota = apply_config_quota(live_quota(remote, remote.root), config_quota, remote)
+    plan = build_plan(items, entries, parts, quota, margin, len(index_bytes))
+    check_tars(out_dir, plan)
+    stale = sorted(n for n in listing if n.endswith(".tar") and n not in {i.name for i in items})
+    if stale:
+        plan.notes.append(f"{len(stale)} .tar files on the remote are not in the local index (kept): "
+                          + ", ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""))
+    return plan, index_bytes, state, fresh
+
+
+def check_tars(out_dir: Path, plan: Plan) -> None:
+    """Refuse, before anything is sent, a plain .tar shard with members that could land
+    outside their directory when someone runs `tar xf` on it (a .tar.zst is checked
+    on the remote while it is unpacked)."""
+    for step in plan.sends:
+        if step.item.compressed:
+            continue
+        path = out_dir / step.item.name
+        try:
+            bad = unpack.check_tar_file(str(path))
+        except (OSError, tarfile.TarError) as e:
+            raise UnsafeShardError(f"{path}: not a readable tar ({e}); re-run `packer pack`") from None
+        if bad is not None:
+            raise UnsafeShardError(f"{path}: unsafe tar member {bad[0]!r} ({bad[1]}); nothing was sent. "
+                                   f"Re-pack this session with `packer pack`")
+
+
+def choose_items(remote: Remote, out_dir: Path, shards: list[ShardFile], use_compressed: bool) -> list[Item]:
+    """Send the .tar.zst where we have it and the remote can unpack it, else the .tar."""
+    have_zst = {s.name for s in shards if use_compressed and s.compressed and local_file(out_dir, s.compressed)}
+    can = bool(have_zst) and remote_can_unzstd(remote)
+    items = []
+    for s in shards:
+        # the .tar.zst only where it is there, smaller, and the remote can unpack it
+        use_c = can and s.name in have_zst and (s.compressed.bytes < s.bytes or local_file(out_dir, s.ref) is None)
+        if not use_c and local_file(out_dir, s.ref) is None:
+            why = (" (the remote cannot unpack the .tar.zst: install zstd there, or re-pack with compress = \"none\")"
+                   if s.name in have_zst else "")
+            raise ShardshipError(f"{Path(out_dir) / s.name}: missing or not {s.bytes} bytes as index.json says"
+                                 f"{why}; re-run `packer pack`")
+        items.append(Item.of(s, use_c))
+    return items
+
+
+def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_MARGIN, dry_run: bool = False,
+           bwlimit: int | None = None, config_quota: str | None = None, use_compressed: bool = True,
+           progress: bool | None = None, on_event: Event | None = None,
+           log: Callable[[str], None] | None = None) -> UploadResult:
+    """Upload `out_dir` (index.json + shards) to `remote.root`. Raises QuotaError (exit 3)
+    before sending when the plan does not fit, DiskFullError (exit 1) when the disk fills
+    mid-way, RemoteError (exit 4) on connection loss, UnsafeShardError for unsafe tars."""
+    t0 = time.monotonic()
+    out_dir = Path(out_dir)
+    event = on_event or (lambda kind, **kw: None)
+    say = log or _default_log
+    where = f"{remote.label}:{remote.root}"
+    plan, index_bytes, state, fresh = prepare(remote, out_dir, margin=margin, use_compressed=use_compressed,
+                                              config_quota=config_quota)
+    result = UploadResult(where, plan, dry_run=dry_run)
+    event("plan", plan=plan)
+    if dry_run:
+        return result
+    if plan.sends and not plan.fits:
+        raise QuotaError(plan.refusal(where))
+
+    # --- from here on we write -------------------------------------------------
+    remote.mkdir()
+    state.update(fresh)
+    throttle = RateLimit(bwlimit) if bwlimit else None
+    bar = _bar(plan.bytes_to_send, progress)
+    verified = [s for s in plan.steps if s.action == "skip"]
+    ctx = _Ctx(remote, out_dir, bar, throttle, say, event, verified, plan, where)
+    # Shard i is hashed on the remote (its own channel, same connection) while shard
+    # i+1 is being sent; it is renamed into place when its hash is in.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
+    hasher: list[RemoteHasher] = []  # made in the worker thread, used only there
+
+    def remote_hash(path: str) -> str:
+        if not hasher:
+            hasher.append(RemoteHasher(remote))
+        return hasher[0].sha256(path)
+
+    pending: tuple[Step, ShardOutcome, Future] | None = None
+    try:
+        for step in plan.sends:
+            outcome = ShardOutcome(step.item.name, step.action)
+            result.outcomes.append(outcome)
+            bar.set_postfix_str(step.item.name[-40:], refresh=False)
+            event("shard_start", name=step.item.name, step=step)
+            try:
+                _transmit(ctx, step, outcome)
+            except (OSError, RemoteError) as e:
+                if pending is not None and _alive(remote):  # the shard before is complete: keep it
+                    done, pending = pending, None
+                    ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+                _handle_failure(remote, step, outcome, e, verified, plan, where)
+                raise
+            fut = pool.submit(remote_hash, step.item.send_name + PART)
+            if pending is not None:
+                done, pending = pending, None
+                ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+            pending = (step, outcome, fut)
+        if pending is not None:
+            done, pending = pending, None
+            ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+    finally:
+        if hasher:
+            pool.submit(hasher[0].close)
+        pool.shutdown(wait=True)
+        bar.close()
+        _save_state(remote, state, [s for s in verified if s.action != "skip"], fresh)
+
+    current = None
+    if remote.stat(INDEX) is not None:
+        try:
+            current = remote.read_file(INDEX)
+        except RemoteError:
+            current = None
+    if current != index_bytes:
+        remote.write_file(INDEX, index_bytes)
+        result.index_written = True
+        event("index_written")
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+@dataclass
+class _Ctx:
+    """What every per-shard step needs (keeps the signatures short)."""
+
+    remote: Remote
+    out_dir: Path
+    bar: Any
+    throttle: RateLimit | None
+    say: Callable[[str], None]
+    event: Event
+    verified: list[Step]
+    plan: Plan
+    where: str
+
+    def guard(self, step: Step, outcome: ShardOutcome, fn: Callable[[], None]) -> None:
+        """Run fn; a failed write becomes DiskFullError / RemoteError with the numbers."""
+        try:
+            fn()
+        except (OSError, RemoteError) as e:
+            _handle_failure(self.remote, step, outcome, e, self.verified, self.plan, self.where)
+            raise
+
+
+def _save_state(remote: Remote, state: dict, done: list[Step], fresh: dict) -> None:
+    """Record size/mtime/sha256 of what was verified this run: one listing, one write.
+    Best effort: the state is only a cache (a lost one costs re-hashing on the remote)."""
+    if not done and not fresh:
+        return
+    try:
+        listing = remote.listdir()
+        for s in done:
+            st = listing.get(s.item.name)
+            if st is not None:
+                state[s.item.name] = {"size": st.size, "mtime": int(st.mtime), "sha256": s.item.sha256}
+        write_state(remote, state)
+    except (RemoteError, OSError):
+        pass
+
+
+def _transmit(ctx: _Ctx, step: Step, outcome: ShardOutcome, from_zero: bool = False) -> None:
+    """Get the complete send file into NAME.part on the remote (resuming when the part is good)."""
+    remote, it = ctx.remote, step.item
+    local = ctx.out_dir / it.send_name
+    part = it.send_name + PART
+    offset = 0
+    if not from_zero:
+        have = step.part_bytes
+        if it.compressed and have and remote.stat(it.send_name) is not None:
+            remote.rename(it.send_name, part)  # sent earlier, not unpacked yet: verify it like a .part
+        if 0 < have <= it.send_bytes:
+            have = remote.size(part) or 0
+        if 0 < have <= it.send_bytes:
+            if remote.sha256(part) == file_sha256(local, limit=have):
+                offset = have
+            else:
+                ctx.say(f"{it.send_name}: the partial upload on the remote does not match the local file; "
+                        f"starting over")
+                outcome.restarted = True
+                ctx.event("corrupt_part", name=it.send_name, bytes=have)
+        outcome.resumed_from = offset
+        if offset != step.part_bytes and step.part_bytes <= it.send_bytes:
+            ctx.bar.total = (ctx.bar.total or 0) + step.part_bytes - offset  # the plan counted on that part
+
+    def moved(n: int) -> None:
+        outcome.sent += n
+        ctx.bar.update(n)
+
+    ctx.remote.put(local, part, offset, callback=moved, throttle=ctx.throttle)
+    size = remote.size(part)  # NFS may report a full disk only at close, which SFTP servers may not relay
+    if size != it.send_bytes:
+        raise OSError(f"{part} has {size} bytes on the remote after sending {it.send_bytes}")
+
+
+def _finish(ctx: _Ctx, step: Step, outcome: ShardOutcome, digest_future: Future) -> None:
+    """Verify (retry once from zero on a mismatch), rename into place, unpack a .tar.zst."""
+    remote, it = ctx.remote, step.item
+    part = it.send_name + PART
+    digest = digest_future.result()
+    if digest != it.send_sha256:
+        ctx.event("verify_mismatch", name=it.send_name, attempt=1, got=digest)
+        ctx.say(f"{it.send_name}: sha256 on the remote does not match; sending it again from the start")
+        outcome.retried = True
+        ctx.bar.total = (ctx.bar.total or 0) + it.send_bytes
+        _transmit(ctx, step, outcome, from_zero=True)
+        digest = remote.sha256(part)
+        if digest != it.send_sha256:
+            ctx.event("verify_mismatch", name=it.send_name, attempt=2, got=digest)
+            remote.remove(part)
+            raise RemoteError(f"{remote.label}: {it.send_name} arrived with sha256 {digest[:12]}... twice instead of "
+                              f"{it.send_sha256[:12]}...; removed it. Check the local file (`sha256sum`) and the "
+                              f"network, then rerun")
+    remote.rename(part, it.send_name)
+    if it.compressed:
+        _unpack(remote, it)
+    outcome.done = True
+    ctx.verified.append(step)
+    ctx.event("shard_done", name=it.name, outcome=outcome)
+
+
+def _unpack(remote: Remote, it: Item) -> None:
+    argv, stdin = unpack.remote_call("unpack", remote.path(it.send_name), remote.path(it.name), it.sha256)
+    res = remote.run(argv, stdin=stdin)
+    if res.ok:
+        return
+    msg = (res.stderr.strip().splitlines() or ["no message"])[-1]
+    if res.returncode == unpack.EXIT_UNSAFE:
+        remote.remove(it.send_name)
+        raise UnsafeShardError(f"{remote.label}: {it.send_name}: refused to unpack: {msg}; removed it. "
+                               f"Re-pack this session with `packer pack`")
+    if res.returncode == unpack.EXIT_MISMATCH:
+        remote.remove(it.send_name)
+        raise ShardshipError(f"{remote.label}: {it.send_name}: {msg}: the local .tar.zst and index.json disagree; "
+                             f"re-run `packer pack`", code=Exit.PARTIAL)
+    raise RemoteError(f"{remote.label}: unpacking {it.send_name} failed (exit {res.returncode}): {msg}")
+
+
+def _handle_failure(remote: Remote, step: Step, outcome: ShardOutcome, err: Exception, verified: list[Step],
+                    plan: Plan, where: str) -> None:
+    """Turn a failed write into the right error. Disk full: drop the .part, keep the rest."""
+    if not _alive(remote):
+        raise RemoteError(f"{where}: connection lost while sending {step.item.send_name} ({err}); "
+                          f"rerun to resume from the partial file") from None
+    it = step.item
+    try:
+        q = live_quota(remote, remote.root)
+    except (RemoteError, OSError):
+        q = None
+    try:
+        in_part = remote.size(it.send_name + PART) or 0
+    except (RemoteError, OSError):
+        in_part = 0
+    no_space = getattr(err, "errno", None) in NO_SPACE or "No space left" in str(err) or "quota" in str(err).lower()
+    head = q.headroom_bytes if q is not None else None
+    # SFTP reports ENOSPC as a bare "Failure": judge by the space left (the .part goes away)
+    if not no_space and head is not None and (head < 1024 * 1024 or head + in_part < it.send_bytes + 64 * 1024):
+        no_space = True
+    if not no_space:
+        if isinstance(err, RemoteError):
+            return  # re-raised by the caller as is
+        raise RemoteError(f"{where}: writing {it.send_name} failed: {err}") from None
+    for name in (it.send_name + PART, "." + it.name + ".unpack.tmp"):
+        try:
+            remote.remove(name)
+        except (RemoteError, OSError):
+            pass
+    if it.compressed:
+        try:
+            if remote.stat(it.send_name) is not None and remote.stat(it.name) is None:
+                remote.remove(it.send_name)
+        except (RemoteError, OSError):
+            pass
+    kept = len(verified)
+    kept_bytes = sum(s.item.bytes for s in verified)
+    remaining = [s for s in plan.sends if s not in verified]
+    need = sum(s.item.bytes for s in remaining)
+    after = live_quota(remote, remote.root) if q is not None else None
+    free = after.headroom_bytes if after is not None else None
+    raise DiskFullError(
+        f"{where}: remote disk full while sending {it.send_name} "
+        f"({human(outcome.resumed_from + outcome.sent)} of {human(it.send_bytes)} written): removed the partial file; "
+        f"kept {kept} verified shards ({human(kept_bytes)}); {len(remaining)} shards ({human(need)}) not sent; "
+        f"{human(max(free or 0, 0))} free now ({after.describe() if after else 'quota unknown'}); index.json not updated. "
+        f"Free at least {human(max(need - (free or 0), 0))} on the cluster and rerun"
+    ) from None
+
+
+def _alive(remote: Remote) -> bool:
+    """False when an SSH remote's connection has dropped (a local one is always there)."""
+    return bool(getattr(remote, "alive", True))
+
+
+def _bar(total: int, progress: bool | None) -> Any:
+    from tqdm import tqdm
+
+    disable = (not sys.stderr.isatty()) if progress is None else (not progress)
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="upload", disable=disable,
+                dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
+
+
+def _default_log(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(msg, file=sys.stderr)

@@ -5,16 +5,22 @@ set -eu
 PY=${PY:-.venv/bin/python}
 DEMO=${DEMO:-data/demo}
 FRAMES=${FRAMES:-180}
-echo "== 1/5 synthetic sessions -> $DEMO/raw"
+echo "== 1/6 synthetic sessions -> $DEMO/raw"
 [ -d "$DEMO/raw" ] || $PY -m packer synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0
 $PY -m packer check --raw "$DEMO/raw"
-echo "== 2/5 pack -> $DEMO/packed"
+echo "== 2/6 pack -> $DEMO/packed"
 $PY -m packer pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers
-echo "== 3/5 budget against a 10G quota"
+echo "== 3/6 budget against a 10G quota"
 $PY -m packer budget --out "$DEMO/packed" --quota 10G
-echo "== 4/5 upload to the local-directory cluster local:$DEMO/cluster (verified, resumable)"
+echo "== 4/6 upload to the local-directory cluster local:$DEMO/cluster (verified, resumable)"
 $PY -m transfer upload --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
 $PY -m transfer status --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
+echo "== 5/6 train a small diffusion policy on the uploaded shards (CPU, ${STEPS:=300} steps; resumes if run again)"
+$PY -m train run --data "$DEMO/cluster/shardship" --out outputs/demo --model tiny --steps "$STEPS" \
+    --warmup 20 --lr 1e-3 --checkpoint-every 100 --val-every 100
+echo "== 6/6 evaluate the EMA policy on the validation sessions"
+$PY -m train eval --data "$DEMO/cluster/shardship" --out outputs/demo
 echo
 echo "demo done: raw sessions in $DEMO/raw, shards + index.json in $DEMO/packed,"
-echo "           uploaded copy in $DEMO/cluster/shardship"
+echo "           uploaded copy in $DEMO/cluster/shardship,"
+echo "           checkpoints, metrics.jsonl, loss curve and eval plot in outputs/demo"

@@ -1,0 +1,3 @@
+"""shardship train: streaming shard reader (train.data), diffusion policy
+(train.model), trainer with exact resume and DDP (train.trainer, train.ddp),
+evaluation (train.evaluate) and cluster jobs (train.jobs)."""

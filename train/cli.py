@@ -1,0 +1,130 @@
+"""`train run | eval | submit | status | fetch`: thin click commands.
+
+`train run` is what torchrun starts on every rank (`torchrun --nproc_per_node N
+-m train run ...`); only rank 0 prints. Expected failures print one line and
+exit with the code from DESIGN.md."""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import click
+
+from packer.errors import ShardshipError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errors(fn: F) -> F:
+    """ShardshipError -> one line on stderr (prefixed with the rank under torchrun) + exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardshipError as e:
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            prefix = f"rank {os.environ.get('RANK', '0')}: " if world > 1 else ""
+            click.echo(f"error: {prefix}{e}", err=True)
+            sys.exit(int(e.code))
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: run the same command again to resume from the last checkpoint", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _is_main() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+@click.group()
+def main() -> None:
+    """shardship train: streaming shard reader + diffusion policy trainer."""
+
+
+@main.command()
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="Packed dir with index.json (default: [paths] packed, data/packed).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Checkpoints, metrics, plots (default: [paths] outputs, outputs/).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="shardship.toml to read ([train] section).")
+@click.option("--max-steps", type=int, default=None,
+              help="Stop at this global step (the LR schedule still follows --steps/--epochs); rerun to continue.")
+@click.option("--steps", type=int, default=None, help="Total optimizer steps (schedule length).")
+@click.option("--epochs", type=int, default=None, help="Total epochs when --steps is not given.")
+@click.option("--batch-size", type=int, default=None, help="Per-rank batch size.")
+@click.option("--num-workers", type=int, default=None, help="DataLoader workers per rank.")
+@click.option("--lr", type=float, default=None)
+@click.option("--warmup", type=int, default=None, help="Warm-up steps.")
+@click.option("--checkpoint-every", type=int, default=None)
+@click.option("--keep", type=int, default=None, help="Periodic checkpoints kept (besides last and best).")
+@click.option("--val-every", type=int, default=None, help="Validate every N steps (0: only at the end).")
+@click.option("--ema-decay", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--log-every", type=int, default=None)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None)
+@click.option("--model", "preset", type=click.Choice(["tiny", "small", "base"]), default=None,
+              help="Model size preset (default small; tiny trains on a CPU in minutes).")
+@click.option("--time-limit", default=None, help="HH:MM:SS: checkpoint and stop before this much wall time.")
+@click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
+@click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")
+@_errors
+def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps: int | None, resume: bool,
+        preset: str | None, **overrides: Any) -> None:
+    """Train the diffusion policy on the packed shards (resumes automatically)."""
+    from packer.config import load_config
+    from train.trainer import TrainConfig, train
+
+    cfg = load_config(config_path)
+    where = f"{cfg.path or 'shardship.toml'} [train]"
+    tc = TrainConfig.from_dict(cfg.train, where).merged(**overrides)
+    if preset:
+        tc.model = {**tc.model, "preset": preset}
+    data = data or cfg.packed
+    out = out or cfg.outputs
+    res = train(data, out, tc, max_steps=max_steps, resume=resume)
+    if _is_main():
+        if res.stopped:
+            click.echo(f"stopped at step {res.step}/{res.total_steps} ({res.stopped}); run the same command to resume")
+        else:
+            click.echo(f"done: step {res.step}/{res.total_steps}")
+        best = f", best val loss {res.best_val:.4f}" if res.best_val is not None else ""
+        click.echo(f"checkpoints: {out}/last.pt{', best.pt' if (out / 'best.pt').exists() else ''}{best}")
+        click.echo(f"curves: {out}/loss.png, metrics: {out}/metrics.jsonl")
+
+
+@main.command(name="eval")
+@click.option("--data", type=click.Path(path_type=Path), default=None, help="Packed dir (default: data/packed).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Training output dir (default: outputs/).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
+@click.option("--checkpoint", default=None, help="Checkpoint file (default: OUT/best.pt, else OUT/last.pt).")
+@click.option("--max-samples", type=int, default=256, show_default=True, help="Validation samples (0 = all).")
+@click.option("--ddim-steps", type=int, default=None, help="DDIM steps (default: the model config's).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--num-workers", type=int, default=2, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@_errors
+def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, checkpoint: str | None,
+             max_samples: int, ddim_steps: int | None, batch_size: int, num_workers: int, device: str,
+             seed: int) -> None:
+    """Position (cm) and rotation (deg) error of the EMA policy on the validation sessions."""
+    from packer.config import load_config
+    from train.evaluate import evaluate, summary_lines
+
+    cfg = load_config(config_path)
+    res = evaluate(data or cfg.packed, out or cfg.outputs, checkpoint=checkpoint, max_samples=max_samples,
+                   ddim_steps=ddim_steps, batch_size=batch_size, num_workers=num_workers, device=device, seed=seed)
+    for line in summary_lines(res):
+        click.echo(line)
+
+
+from train.jobs_cli import fetch, status, submit  # noqa: E402  (train/jobs_cli.py is owned by the jobs helper)
+
+for _cmd in (submit, status, fetch):
+    main.add_command(_cmd)

@@ -1,0 +1,317 @@
+"""The streaming reader: an IterableDataset that yields ready-made batches.
+
+Each DataLoader worker computes its own list of batches from (seed, epoch,
+consumed, rank, world_size, worker, num_workers) (see partition.py), then for
+each sample does one positional read (`os.pread`, the jpg and json members are
+adjacent in the tar) and decodes the JPEG with PIL (pillow-simd) straight into a
+preallocated batch array. Workers share nothing and take no locks; the index is
+numpy arrays inherited from the parent.
+
+Shards are checked against index.json (size, then sha256) once per shard per
+process; `verify_shards` does it in the parent before workers fork, so workers
+inherit the result. A shard whose hash differs is refused by name; a shard that is
+shorter than its members say raises a ShardshipError instead of blocking."""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+from collections import OrderedDict
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from packer.errors import ShardshipError
+from train.data import partition
+from train.data.decode import decode_jpeg, sample_arrays
+from train.data.index import ShardIndex
+
+MAX_OPEN_SHARDS = 32
+_HASH_CHUNK = 4 << 20
+
+# path -> (size, mtime_ns, inode, sha256) of shards this process has hashed.
+_VERIFIED: dict[str, tuple[int, int, int, str]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def verify_shard(index: ShardIndex, s: int) -> None:
+    """Size then sha256 of shard `s` against the manifest; cached per process."""
+    path = index.shard_path(s)
+    name = index.shard_names[s]
+    expected_sha = index.shard_sha256[s]
+    try:
+        key = _stat_key(path)
+    except FileNotFoundError:
+        zst = path.with_name(path.name + ".zst")
+        hint = (f"only {zst.name} is here: unpack it (`zstd -d {zst.name}`, or re-run `transfer upload`)"
+                if zst.exists() else "re-run `transfer upload` or `packer pack`")
+        raise ShardshipError(f"shard {name} listed in {index.root / 'index.json'} is missing: {hint}") from None
+    cached = _VERIFIED.get(str(path))
+    if cached is not None and cached[:3] == key and cached[3] == expected_sha:
+        return
+    size = key[0]
+    expected_size = int(index.shard_bytes[s])
+    if size != expected_size:
+        what = "truncated" if size < expected_size else "larger than expected"
+        raise ShardshipError(f"shard {name}: {size} bytes on disk, index.json says {expected_size} ({what}): "
+                             "re-upload it (`transfer upload`) or re-pack")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    got = h.hexdigest()
+    if got != expected_sha:
+        raise ShardshipError(f"shard {name}: sha256 {got[:16]}... does not match index.json ({expected_sha[:16]}...): "
+                             "the file is corrupt or from another pack; re-upload it (`transfer upload`) or re-pack")
+    _VERIFIED[str(path)] = (*key, got)
+
+
+def verify_shards(index: ShardIndex, progress: bool = False) -> None:
+    """Check every shard once in this process (before DataLoader workers fork)."""
+    from tqdm import tqdm
+
+    for s in tqdm(range(index.n_shards), desc="verify shards", unit="shard", disable=not progress, leave=False):
+        verify_shard(index, s)
+
+
+class ShardDataset(IterableDataset):
+    """Batches of `batch_size` samples for one DDP rank, in stream order.
+
+    Yields dicts of CPU tensors:
+      image   (B, H, W, 3) uint8      JPEG pixels as stored (channels last)
+      proprio (B, J) float32          joints at the frame (raw units)
+      action  (B, T, D) float32       action chunk (raw units, FORMAT.md)
+      action_mask (B, T) float32      1 = real step, 0 = padded past session end
+      weight  (B,) float32            1 = counts, 0 = tail padding (tail="pad")
+      index   (B,) int64              sample indices into the ShardIndex
+      position (B,) int64             positions in the epoch stream (-1 = pad)
+    """
+
+    def __init__(self, index: ShardIndex, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
+                 window: int = 8, tail: str = "drop", verify: bool = True):
+        super().__init__()
+        if batch_size < 1:
+            raise ShardshipError(f"batch_size must be >= 1 (got {batch_size})")
+        if tail not in partition.TAILS:
+            raise ValueError(f"tail must be one of {partition.TAILS}")
+        self.index = index
+        self.batch_size = int(batch_size)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.seed = int(seed)
+        self.window = int(window)
+        self.tail = tail
+        self.verify = verify
+        self.epoch = 0
+        self.consumed = 0
+        self._counts = index.counts
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Reader position: the same three integers on every rank."""
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed,
+                "n_samples": self.index.n_samples, "fingerprint": self.index.fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Continue from a saved position. Returns False (and starts the saved epoch
+        from its beginning) when the sample set changed since (re-pack)."""
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        same = (state.get("n_samples") == self.index.n_samples
+                and state.get("fingerprint", self.index.fingerprint()) == self.index.fingerprint())
+        self.consumed = int(state["consumed"]) if same else 0
+        return same
+
+    def set_state(self, epoch: int, consumed: int = 0) -> None:
+        if not 0 <= consumed <= self.index.n_samples:
+            raise ValueError(f"consumed={consumed} outside 0..{self.index.n_samples}")
+        self.epoch, self.consumed = int(epoch), int(consumed)
+
+    def steps_per_epoch(self) -> int:
+        return partition.steps_left(self.index.n_samples, 0, self.world_size, self.batch_size, self.tail)
+
+    def __len__(self) -> int:
+        """Batches this rank still gets in the current epoch (same on every rank)."""
+        return partition.steps_left(self.index.n_samples, self.consumed, self.world_size, self.batch_size, self.tail)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_fds"] = OrderedDict()  # file descriptors never cross a process boundary
+        return d
+
+    # ------------------------------------------------------------- iteration
+    def my_batches(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
+        batches = partition.rank_batches(self.index.n_samples, self.consumed, self.world_size, self.rank,
+                                         self.batch_size, self.tail)
+        return partition.worker_batches(batches, worker, num_workers)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        order = partition.epoch_order(self._counts, self.seed, self.epoch, self.window)
+        for positions in self.my_batches(worker, num_workers):
+            yield self.load_batch(order, positions)
+
+    def load_batch(self, order: np.ndarray, positions: np.ndarray) -> dict[str, torch.Tensor]:
+        """Read and decode the samples at `positions` of the epoch `order`."""
+        ix = self.index
+        valid = positions >= 0
+        filled = positions.copy()
+        filled[~valid] = positions[valid][0] if valid.any() else 0
+        samples = order[filled]
+        b = len(samples)
+        w, h = ix.image_size
+        shared = get_worker_info() is not None
+        t_img = _alloc((b, h, w, 3), torch.uint8, shared)
+        t_prop = _alloc((b, ix.proprio_dim), torch.float32, shared)
+        t_act = _alloc((b, ix.horizon, ix.action_dim), torch.float32, shared)
+        t_mask = _alloc((b, ix.horizon), torch.float32, shared)
+        images, proprio, action, mask = t_img.numpy(), t_prop.numpy(), t_act.numpy(), t_mask.numpy()
+        proprio[...] = 0
+        mask[...] = 1
+        for i, si in enumerate(samples.tolist()):
+            jpg, js = self._read(si)
+            self._decode_image(si, jpg, images[i])
+            self._decode_json(si, js, proprio[i], action[i], mask[i])
+        return {
+            "image": t_img,
+            "proprio": t_prop,
+            "action": t_act,
+            "action_mask": t_mask,
+            "weight": torch.from_numpy(valid.astype(np.float32)),
+            "index": torch.from_numpy(samples.astype(np.int64)),
+            "position": torch.from_numpy(positions.astype(np.int64)),
+        }
+
+    # -------------------------------------------------------------- file I/O
+    def _fd(self, s: int) -> int:
+        fd = self._fds.get(s)
+        if fd is not None:
+            self._fds.move_to_end(s)
+            return fd
+        if self.verify:
+            verify_shard(self.index, s)
+        try:
+            fd = os.open(self.index.shard_path(s), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ShardshipError(f"shard {self.index.shard_names[s]} disappeared from {self.index.root}: "
+                                 "re-upload it (`transfer upload`)") from None
+        self._fds[s] = fd
+        if len(self._fds) > MAX_OPEN_SHARDS:
+            _, old = self._fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _read(self, i: int) -> tuple[memoryview, memoryview]:
+        """(jpg bytes, json bytes) of sample `i`: one pread when the members are adjacent."""
+        ix = self.index
+        s = int(ix.shard[i])
+        fd = self._fd(s)
+        jo, jn, so, sn = int(ix.jpg_offset[i]), int(ix.jpg_size[i]), int(ix.json_offset[i]), int(ix.json_size[i])
+        lo, hi = min(jo, so), max(jo + jn, so + sn)
+        if hi - lo <= jn + sn + 4096:  # adjacent members: one read
+            buf = os.pread(fd, hi - lo, lo)
+            if len(buf) < hi - lo:
+                raise self._truncated(s, i, hi, lo + len(buf))
+            mv = memoryview(buf)
+            return mv[jo - lo:jo - lo + jn], mv[so - lo:so - lo + sn]
+        out = []
+        for off, n in ((jo, jn), (so, sn)):
+            buf = os.pread(fd, n, off)
+            if len(buf) < n:
+                raise self._truncated(s, i, off + n, off + len(buf))
+            out.append(memoryview(buf))
+        return out[0], out[1]
+
+    def _truncated(self, s: int, i: int, need: int, have: int) -> ShardshipError:
+        return ShardshipError(f"shard {self.index.shard_names[s]} is truncated: sample {self.index.key(i)} needs "
+                              f"bytes up to {need}, the file ends at {have}; re-upload it (`transfer upload`)")
+
+    def _decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
+        h, w = out.shape[:2]
+        try:
+            arr = decode_jpeg(jpg, w, h)
+        except (OSError, ValueError, SyntaxError) as e:
+            raise self._bad(i, f"JPEG does not decode ({e})") from None
+        if arr.shape != out.shape:
+            raise self._bad(i, f"image is {arr.shape[1]}x{arr.shape[0]}, index.json says "
+                               f"{out.shape[1]}x{out.shape[0]}")
+        out[...] = arr
+
+    def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray, mask: np.ndarray) -> None:
+        try:
+            d = sample_arrays(bytes(js), action.shape[0], action.shape[1], proprio.shape[0])
+        except (ValueError, TypeError, UnicodeDecodeError, AttributeError) as e:
+            raise self._bad(i, f"sample JSON does not match index.json ({e})") from None
+        action[...] = d["action"]
+        if d["action_mask"] is not None:
+            mask[...] = d["action_mask"]
+        if d["proprio"] is not None:
+            proprio[...] = d["proprio"]
+
+    def _bad(self, i: int, reason: str) -> ShardshipError:
+        s = int(self.index.shard[i])
+        return ShardshipError(f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {reason}; re-pack")
+
+    def close(self) -> None:
+        while self._fds:
+            _, fd = self._fds.popitem()
+            os.close(fd)
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """A batch tensor; in a DataLoader worker straight in shared memory (as
+    default_collate does), so handing it to the trainer costs no extra copy."""
+    if not shared:
+        return torch.empty(shape, dtype=dtype)
+    proto = torch.empty(0, dtype=dtype)
+    storage = proto._typed_storage()._new_shared(math.prod(shape), device="cpu")
+    return proto.new(storage).resize_(shape)
+
+
+def make_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool = False,
+                seed: int | None = None) -> DataLoader:
+    """A DataLoader over already-batched items; workers are forked per epoch so
+    each picks up the dataset's current (epoch, consumed). `seed` gives the loader
+    its own generator: creating an iterator then draws nothing from the global
+    torch RNG, so a resumed run's random stream matches an uninterrupted one."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    # fork (Linux): workers share the parent's index pages and its verified-shard
+    # cache; Python 3.14 would otherwise default to forkserver and re-hash shards
+    ctx = "fork" if num_workers > 0 and sys.platform.startswith("linux") else None
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        prefetch_factor=2 if num_workers > 0 else None,
+        persistent_workers=False,
+        generator=gen,
+        multiprocessing_context=ctx,
+    )
+
+
+def unwrap_worker_error(err: ShardshipError) -> ShardshipError:
+    """DataLoader re-raises a worker's exception with the worker traceback folded
+    into the message; keep the one line the user needs."""
+    text = str(err)
+    if "Original Traceback" not in text:
+        return err
+    last = [ln for ln in text.strip().splitlines() if ln.strip()][-1]
+    _, _, msg = last.partition(": ")
+    return ShardshipError(msg or last, code=err.code)
+
+
+def sample_keys(index: ShardIndex, indices: torch.Tensor | np.ndarray) -> list[str]:
+    return [index.key(int(i)) for i in np.asarray(indices).tolist()]
+
+
+__all__ = ["ShardDataset", "make_loader", "verify_shard", "verify_shards", "unwrap_worker_error", "sample_keys"]

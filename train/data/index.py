@@ -1,0 +1,239 @@
+"""index.json -> flat numpy arrays, so a forked DataLoader worker shares the index
+with its parent page-for-page.
+
+A Python list of per-sample tuples would be touched by reference counting in every
+worker and copied page by page (copy-on-write growth: RSS per worker climbs over an
+epoch). Here every per-sample column is one numpy buffer; only per-shard and
+per-session metadata (hundreds of entries, not millions) are Python objects."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from packer.errors import ShardshipError
+
+INDEX_NAME = "index.json"
+REQUIRED_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "has_action")
+
+
+@dataclass
+class ShardIndex:
+    """The trainable samples of a packed directory, shard-major.
+
+    Samples of shard `s` occupy the contiguous range `starts[s] : starts[s] + counts[s]`
+    of every per-sample array; samples without an action chunk are left out."""
+
+    root: Path
+    # per shard (small)
+    shard_names: list[str]
+    shard_bytes: np.ndarray  # int64
+    shard_sha256: list[str]
+    shard_session: np.ndarray  # int32, into session_names
+    # per sample (numpy only)
+    shard: np.ndarray  # int32
+    jpg_offset: np.ndarray  # int64
+    jpg_size: np.ndarray  # int64
+    json_offset: np.ndarray  # int64
+    json_size: np.ndarray  # int64
+    session: np.ndarray  # int32
+    keys: np.ndarray  # fixed-width bytes ("S"), one buffer
+    # per session / dataset
+    session_names: list[str]
+    joints: list[str]
+    action_dim: int
+    horizon: int
+    image_size: tuple[int, int]  # (width, height)
+    stats: dict[str, Any] = field(default_factory=dict)
+    pose_metric: bool = True
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.shard.shape[0])
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shard_names)
+
+    @property
+    def proprio_dim(self) -> int:
+        return len(self.joints)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Samples per shard (int64)."""
+        return np.bincount(self.shard, minlength=self.n_shards).astype(np.int64)
+
+    @property
+    def starts(self) -> np.ndarray:
+        c = self.counts
+        return np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64)
+
+    def key(self, i: int) -> str:
+        return self.keys[i].decode()
+
+    def shard_path(self, s: int) -> Path:
+        return self.root / self.shard_names[s]
+
+    def fingerprint(self) -> str:
+        """Identity of the sample set (shards' sha256 + counts): a checkpoint's reader
+        position only means something for the same fingerprint."""
+        h = hashlib.sha256()
+        for name, sha, n in zip(self.shard_names, self.shard_sha256, self.counts.tolist()):
+            h.update(f"{name}:{sha}:{n}\n".encode())
+        return h.hexdigest()[:16]
+
+    def select_sessions(self, names: Sequence[str]) -> "ShardIndex":
+        """The sub-index of whole sessions (train/val split by session: one
+        session's frames never land on both sides)."""
+        want = {self.session_names.index(n) for n in names}
+        keep_shards = np.array([int(s) in want for s in self.shard_session], dtype=bool)
+        new_id = np.cumsum(keep_shards) - 1
+        mask = keep_shards[self.shard]
+        return ShardIndex(
+            root=self.root,
+            shard_names=[n for n, k in zip(self.shard_names, keep_shards) if k],
+            shard_bytes=self.shard_bytes[keep_shards],
+            shard_sha256=[h for h, k in zip(self.shard_sha256, keep_shards) if k],
+            shard_session=self.shard_session[keep_shards],
+            shard=new_id[self.shard[mask]].astype(np.int32),
+            jpg_offset=self.jpg_offset[mask],
+            jpg_size=self.jpg_size[mask],
+            json_offset=self.json_offset[mask],
+            json_size=self.json_size[mask],
+            session=self.session[mask],
+            keys=self.keys[mask],
+            session_names=list(self.session_names),
+            joints=list(self.joints),
+            action_dim=self.action_dim,
+            horizon=self.horizon,
+            image_size=self.image_size,
+            stats=self.stats,
+            pose_metric=self.pose_metric,
+        )
+
+    def sessions_present(self) -> list[str]:
+        return [self.session_names[i] for i in sorted(set(self.shard_session.tolist()))]
+
+
+def load_index(root: str | Path) -> ShardIndex:
+    """Read `root/index.json` (FORMAT.md, version 1) into a ShardIndex."""
+    root = Path(root)
+    path = root / INDEX_NAME
+    if not path.is_file():
+        raise ShardshipError(f"{path}: no index.json: pack first (`packer pack --out {root}`) or pass --data DIR")
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardshipError(f"{path}: not valid JSON ({e}); re-run `packer pack`") from None
+    return index_from_doc(doc, root, where=str(path))
+
+
+def index_from_doc(doc: dict[str, Any], root: Path, where: str = INDEX_NAME) -> ShardIndex:
+    if doc.get("format") != "shardship-index" or doc.get("version") != 1:
+        raise ShardshipError(f"{where}: not a shardship index version 1 (format={doc.get('format')!r}, "
+                             f"version={doc.get('version')!r})")
+    fields = list(doc.get("sample_fields", []))
+    missing = [f for f in REQUIRED_FIELDS if f not in fields]
+    if missing:
+        raise ShardshipError(f"{where}: sample_fields lacks {', '.join(missing)}; re-run `packer pack`")
+    col = {f: fields.index(f) for f in REQUIRED_FIELDS}
+
+    session_names = sorted(doc.get("sessions", {}).keys())
+    session_id = {n: i for i, n in enumerate(session_names)}
+    shards = doc.get("shards", [])
+    shard_names: list[str] = []
+    shard_bytes: list[int] = []
+    shard_sha: list[str] = []
+    shard_sess: list[int] = []
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "jpg_offset", "jpg_size", "json_offset",
+                                                         "json_size", "session", "keys")}
+    for sh in shards:
+        sess = sh.get("session")
+        if sess not in session_id:
+            session_id[sess] = len(session_names)
+            session_names.append(sess)
+        rows = sh.get("samples", [])
+        if not rows:
+            continue
+        # One shard at a time keeps the transient Python objects small.
+        num = np.array([[r[col["jpg_offset"]], r[col["jpg_size"]], r[col["json_offset"]], r[col["json_size"]],
+                         r[col["has_action"]]] for r in rows], dtype=np.int64)
+        keep = num[:, 4] != 0
+        if not keep.any():
+            continue
+        s = len(shard_names)
+        shard_names.append(sh["name"])
+        shard_bytes.append(int(sh["bytes"]))
+        shard_sha.append(str(sh["sha256"]))
+        shard_sess.append(session_id[sess])
+        n = int(keep.sum())
+        cols["shard"].append(np.full(n, s, dtype=np.int32))
+        cols["jpg_offset"].append(num[keep, 0])
+        cols["jpg_size"].append(num[keep, 1])
+        cols["json_offset"].append(num[keep, 2])
+        cols["json_size"].append(num[keep, 3])
+        cols["session"].append(np.full(n, session_id[sess], dtype=np.int32))
+        cols["keys"].append(np.array([str(r[col["key"]]).encode() for r, k in zip(rows, keep) if k]))
+
+    if not shard_names:
+        raise ShardshipError(f"{where}: no samples with an action chunk (sessions need poses: run `packer slam`)")
+
+    def cat(name: str, dtype: Any) -> np.ndarray:
+        return np.concatenate(cols[name]).astype(dtype, copy=False)
+
+    width = max(k.dtype.itemsize for k in cols["keys"])
+    keys = np.concatenate([k.astype(f"S{width}") for k in cols["keys"]])
+    opts = doc.get("options", {})
+    size = opts.get("size", 224)
+    image_size = (int(size[0]), int(size[1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    sessions = doc.get("sessions", {})
+    metric = all(bool(sessions.get(session_names[i], {}).get("pose_metric", True)) for i in set(shard_sess))
+    return ShardIndex(
+        root=root,
+        shard_names=shard_names,
+        shard_bytes=np.array(shard_bytes, dtype=np.int64),
+        shard_sha256=shard_sha,
+        shard_session=np.array(shard_sess, dtype=np.int32),
+        shard=cat("shard", np.int32),
+        jpg_offset=cat("jpg_offset", np.int64),
+        jpg_size=cat("jpg_size", np.int64),
+        json_offset=cat("json_offset", np.int64),
+        json_size=cat("json_size", np.int64),
+        session=cat("session", np.int32),
+        keys=keys,
+        session_names=session_names,
+        joints=[str(j) for j in doc.get("joints", [])],
+        action_dim=int(doc.get("action_dim", 9 + len(doc.get("joints", [])))),
+        horizon=int(doc.get("horizon", opts.get("horizon", 16))),
+        image_size=image_size,
+        stats=dict(doc.get("stats", {})),
+        pose_metric=metric,
+    )
+
+
+def split_sessions(names: Sequence[str], val_fraction: float, seed: int,
+                   val_sessions: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """(train, val) session names. Explicit `val_sessions` win; otherwise a stable
+    hash of (seed, name) picks ceil(fraction * n) sessions, so adding a session
+    later does not reshuffle which old ones are held out. One session: no val."""
+    names = sorted(names)
+    if val_sessions:
+        unknown = [v for v in val_sessions if v not in names]
+        if unknown:
+            raise ShardshipError(f"val_sessions: {', '.join(unknown)} not in the index (have: {', '.join(names)})")
+        val = sorted(val_sessions)
+    elif val_fraction <= 0 or len(names) < 2:
+        val = []
+    else:
+        n_val = min(len(names) - 1, max(1, int(np.ceil(val_fraction * len(names)))))
+        ranked = sorted(names, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())
+        val = sorted(ranked[:n_val])
+    train = [n for n in names if n not in val]
+    if not train:
+        raise ShardshipError("every session is held out for validation: lower val_fraction or val_sessions")
+    return train, val

@@ -1,0 +1,33 @@
+"""`train fetch`: the best checkpoint (else last), metrics, plots and the newest job
+log, via `transfer pull` (resumed, sha256-verified)."""
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Any
+
+from packer.config import ClusterConfig, Config
+from packer.errors import ShardshipError
+from train.jobs.records import jobs_file, load_records
+from train.jobs.remote import connected
+
+
+def fetch_results(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, name: str = "shardship",
+                  dest: Path | None = None, accept_new_host_key: bool = False) -> tuple[Path, list[Any]]:
+    """Best checkpoint (else last), metrics, plots and the newest job log via `transfer pull`."""
+    from transfer.pull import pull
+
+    recs = [r for r in load_records(jobs_file(cfg)) if r.cluster == cluster.name and r.name == name]
+    dest = Path(dest) if dest is not None else Path(cfg.outputs) / cluster.name / name
+    with connected(cluster, remote, accept_new_host_key) as r:
+        out_dir = recs[-1].out_dir if recs else r.path("outputs", name)
+        entries = r.listdir(out_dir)
+        if not entries:
+            raise ShardshipError(f"{r.label}: nothing in {out_dir} yet: has the job run? (`train status`)")
+        wanted = ["best.pt" if "best.pt" in entries else "last.pt", "metrics.jsonl"]
+        wanted += sorted(n for n in entries if n.endswith(".png"))
+        paths = [posixpath.join(out_dir, n) for n in wanted if n in entries]
+        if recs and r.exists(recs[-1].log):
+            paths.append(recs[-1].log)
+        outcomes = pull(r, paths, dest)
+    return dest, outcomes

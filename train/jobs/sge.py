@@ -1,0 +1,77 @@
+"""Render a JobSpec as a Grid Engine (`qsub`) script, BU SCC style.
+
+What it gets right that hand-written scripts often do not:
+- `-o` is an absolute directory that exists before submission (SGE does not expand
+  `~`, and a missing directory loses the log); SGE names the file
+  `<name>.o<JOB_ID>` inside it, `-j y` merges stderr.
+- CUDA_VISIBLE_DEVICES is never touched: SGE sets it to the GPUs it granted.
+- `-pe omp N` reserves the cores for the data workers of every rank.
+- Several GPUs on one node: `torchrun --standalone`, one process per GPU.
+- The trainer stops with a checkpoint before `h_rt` (`--time-limit`); the script
+  then exits 99, which makes SGE reschedule the same job, and the next run
+  resumes from `last`. (Where a site forbids rescheduling, `train submit` again.)"""
+from __future__ import annotations
+
+from packer.errors import ShardshipError
+from train.jobs.common import directive_value, fresh_checkpoint_test, header, launch_line, setup_block, wait_loop
+from train.jobs.spec import JobSpec
+
+RESCHEDULE_EXIT = 99  # SGE: a job script exiting 99 is put back into the queue
+
+
+def log_path(spec: JobSpec, job_id: str | int) -> str:
+    """Where SGE writes the job's output for `-o <dir>/`."""
+    return f"{spec.log_dir}/{spec.name}.o{job_id}"
+
+
+def render(spec: JobSpec) -> str:
+    if spec.scheduler != "sge":
+        raise ShardshipError(f"job {spec.name}: scheduler is {spec.scheduler}, not sge")
+    if spec.nodes != 1:
+        raise ShardshipError(f"job {spec.name}: SGE jobs run on one node; got nodes = {spec.nodes}")
+    d = directive_value
+    lines = ["#!/bin/bash -l"]
+    lines += header(spec, "Grid Engine (qsub)", log_path(spec, "<JOB_ID>"))
+    lines.append("")
+    lines.append(f"#$ -N {d(spec.name, 'job name')}")
+    if spec.project:
+        lines.append(f"#$ -P {d(spec.project, 'project')}")
+    if spec.account:
+        lines.append(f"#$ -A {d(spec.account, 'account')}")
+    if spec.queue:
+        lines.append(f"#$ -q {d(spec.queue, 'queue')}")
+    lines.append("#$ -S /bin/bash")
+    lines.append(f"#$ -pe omp {spec.cpus_per_node}")
+    if spec.gpus_per_node:
+        lines.append(f"#$ -l gpus={spec.gpus_per_node}")
+        if spec.gpu_c:
+            lines.append(f"#$ -l gpu_c={d(spec.gpu_c, 'gpu_c')}")
+        if spec.gpu_type:
+            lines.append(f"#$ -l gpu_type={d(spec.gpu_type, 'gpu_type')}")
+        if spec.gpu_memory:
+            lines.append(f"#$ -l gpu_memory={d(spec.gpu_memory, 'gpu_memory')}")
+    lines.append(f"#$ -l h_rt={spec.walltime}")
+    lines.append("#$ -j y")
+    lines.append(f"#$ -o {d(spec.log_dir.rstrip('/') + '/', 'log directory')}")
+    lines.append("")
+    lines.append("# CUDA_VISIBLE_DEVICES is set by SGE to the GPUs it granted: never set it here.")
+    lines += setup_block(spec)
+    lines.append('echo "shardship: job $JOB_ID ($JOB_NAME) run ${RESTARTED:-0} on $(hostname), $NSLOTS slots, '
+                 'started $(date -Is)"')
+    lines.append("")
+    lines.append("start=$(date +%s)")
+    lines.append("set +e")
+    if spec.uses_torchrun:
+        lines.append(f"# {spec.ranks_per_node} processes on this node, one per GPU (torchrun sets RANK/LOCAL_RANK)")
+    lines.append(f"{launch_line(spec)} &")
+    lines += wait_loop()
+    lines.append("")
+    lines.append(f"# Stopped for the time limit ({spec.time_limit_s} s) with a fresh checkpoint: exit {RESCHEDULE_EXIT} "
+                 "makes SGE")
+    lines.append("# reschedule this job (same job id); the next run resumes from `last`.")
+    lines.append(f'if [ "$rc" -eq 0 ] && [ "$elapsed" -ge {spec.time_limit_s} ] && {fresh_checkpoint_test(spec)}; then')
+    lines.append('  echo "shardship: time limit reached, checkpoint saved: rescheduling job $JOB_ID (resumes from last)"')
+    lines.append(f"  exit {RESCHEDULE_EXIT}")
+    lines.append("fi")
+    lines.append('exit "$rc"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,214 @@
+"""`train submit` over ONE connection (transfer.connect): plan the job (spec +
+script + checks), write the script and its [train] TOML to the remote, submit,
+parse the job id, record it locally in outputs/jobs.json (records.py).
+
+Everything the user sees goes through the returned objects; the CLI prints them."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from packer.config import ClusterConfig, Config, parse_size
+from packer.errors import RemoteError, ShardshipError
+from train.jobs import checks, measure
+from train.jobs import log_path as job_log_path
+from train.jobs import render
+from train.jobs.records import JobRecord, append_record, jobs_file, load_records
+from train.jobs.remote import connected
+from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
+
+
+# ---------------------------------------------------------------- job ids
+_SGE_ID = re.compile(r"Your job(?:-array)? (\d+)(?:\.\S+)? \(")
+_SLURM_ID = re.compile(r"Submitted batch job (\d+)")
+_TERSE_ID = re.compile(r"^(\d+)(?:[.;:]\S*)?$")
+
+
+def parse_job_id(text: str) -> str | None:
+    """Job id from what qsub / sbatch printed: `Your job N ("name") has been submitted`,
+    `qsub -terse` (`N`, `N.1-4:1`), `Submitted batch job N`, `sbatch --parsable` (`N;cluster`)."""
+    for rx in (_SGE_ID, _SLURM_ID):
+        m = rx.search(text)
+        if m:
+            return m.group(1)
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if lines:
+        m = _TERSE_ID.match(lines[-1])
+        if m:
+            return m.group(1)
+    return None
+
+
+def submit_argv(spec: JobSpec) -> list[str]:
+    return ["qsub", spec.script_path] if spec.scheduler == "sge" else ["sbatch", spec.script_path]
+
+
+# ---------------------------------------------------------------- TOML for the trainer
+def _toml_value(v: Any, where: str) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
+    raise ShardshipError(f"{where}: cannot write {v!r} ({type(v).__name__}) into the job's config")
+
+
+def train_toml(train: Mapping[str, Any], source: str) -> str:
+    """The [train] section (and [train.model]) as the trainer on the cluster reads it."""
+    lines = [f"# [train] for the job, copied from {source} by `train submit`", "[train]"]
+    tables = {k: v for k, v in train.items() if isinstance(v, Mapping)}
+    for k, v in sorted(train.items()):
+        if k not in tables:
+            lines.append(f"{k} = {_toml_value(v, f'[train] {k}')}")
+    for t, sub in sorted(tables.items()):
+        lines += ["", f"[train.{t}]"]
+        lines += [f"{k} = {_toml_value(v, f'[train.{t}] {k}')}" for k, v in sorted(sub.items())]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- plan + checks
+@dataclass
+class Plan:
+    spec: JobSpec
+    script: str
+    train_toml: str
+    findings: list[checks.Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # where the numbers came from
+
+
+def source_of(cfg: Config, cluster: ClusterConfig) -> str:
+    return f"{cfg.path or 'built-in defaults'} [cluster.{cluster.name}] + [train]"
+
+
+def make_spec(cfg: Config, cluster: ClusterConfig, remote_root: str, *, name: str = "shardship",
+              ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
+              train_args: tuple[str, ...] = ()) -> JobSpec:
+    return build_spec(cluster, cfg.train, remote_root, source_of(cfg, cluster), name=name,
+                      ranks_per_node=ranks_per_node, stop_before_s=stop_before_s, train_args=train_args)
+
+
+def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, *, probe: bool = True,
+               bench_csv: Path = measure.LOADER_CSV) -> tuple[list[checks.Finding], list[str]]:
+    """All pre-submit checks against the live remote; returns (findings, notes)."""
+    findings: list[checks.Finding] = []
+    notes: list[str] = []
+    index_path = posixpath.join(spec.data_dir, "index.json")
+    index: dict[str, Any] | None = None
+    if not remote.exists(index_path):
+        findings.append(checks.Finding("error", "data", f"no packed data on {remote.label}: {index_path} is missing; "
+                                                        "run `transfer upload` first"))
+    else:
+        with contextlib.suppress(ValueError, RemoteError, OSError):
+            index = json.loads(remote.read_file(index_path))
+    local_packed = Path(cfg.packed) if (Path(cfg.packed) / "index.json").is_file() else None
+    rss, rss_src = measure.worker_rss(spec, local_packed, bench_csv=bench_csv, probe=probe)
+    node_mem, mem_src = measure.node_memory(remote, spec)
+    notes.append(f"per-worker RSS {rss / 2**20:.0f} MiB ({rss_src}); biggest node "
+                 f"{'unknown' if node_mem is None else f'{node_mem / 2**30:.1f} GiB'} ({mem_src})")
+    findings += checks.check_memory(spec, rss, rss_src, node_mem, mem_src)
+    findings += checks.check_cpus(spec)
+    step_s, step_src = measure.step_seconds(remote, spec)
+    notes.append(f"{step_s:.3g} s per step ({step_src})")
+    findings += checks.check_walltime(spec, step_s, step_src)
+    ckpt = measure.checkpoint_size(cfg.train, index)
+    if ckpt is None:
+        findings.append(checks.Finding("warning", "quota", "train.model.checkpoint_bytes is not available: "
+                                                           "checkpoint space not checked"))
+    else:
+        limit, headroom, src = _quota(remote, cluster, spec)
+        existing = measure.dir_bytes(remote, spec.out_dir)
+        notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {checks.checkpoint_files(spec.keep)}; "
+                     f"{'unknown' if headroom is None else f'{headroom / 2**20:.0f} MiB'} free ({src})")
+        findings += checks.check_quota(spec, ckpt, headroom, limit, src, existing)
+    return findings, notes
+
+
+def _quota(remote: Any, cluster: ClusterConfig, spec: JobSpec) -> tuple[int | None, int | None, str]:
+    """(limit, headroom, source): the live quota, or the configured one minus what is used."""
+    q = None
+    with contextlib.suppress(RemoteError, OSError):
+        q = remote.quota(spec.data_dir)
+    if str(cluster.quota).lower() != "auto":
+        # a configured quota covers what shardship keeps under remote_dir (as `packer budget`)
+        limit = parse_size(cluster.quota)
+        headroom = limit - measure.dir_bytes(remote, remote.root)
+        if q is not None and q.avail_bytes is not None:
+            headroom = min(headroom, q.avail_bytes)
+        return limit, headroom, f"[cluster.{cluster.name}] quota = {cluster.quota}"
+    if q is None:
+        return None, None, "no quota tool answered"
+    return q.limit_bytes, q.headroom_bytes, q.source
+
+
+def plan(cfg: Config, cluster: ClusterConfig, remote: Any, *, name: str = "shardship",
+         ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
+         train_args: tuple[str, ...] = (), probe: bool = True, bench_csv: Path = measure.LOADER_CSV) -> Plan:
+    spec = make_spec(cfg, cluster, remote.root, name=name, ranks_per_node=ranks_per_node,
+                     stop_before_s=stop_before_s, train_args=train_args)
+    script = render(spec)
+    toml = train_toml(cfg.train, source_of(cfg, cluster))
+    findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
+    return Plan(spec, script, toml, findings, notes)
+
+
+# ---------------------------------------------------------------- submit
+@dataclass
+class SubmitResult:
+    plan: Plan
+    record: JobRecord | None  # None for a dry run
+
+
+def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, remote: Any = None,
+               accept_new_host_key: bool = False, name: str = "shardship", ranks_per_node: int | None = None,
+               stop_before_s: int = DEFAULT_STOP_BEFORE_S, train_args: tuple[str, ...] = (), probe: bool = True,
+               bench_csv: Path = measure.LOADER_CSV) -> SubmitResult:
+    """Plan, check, write, submit, record. A dry run returns the plan (findings
+    included) without writing anything on the remote."""
+    with connected(cluster, remote, accept_new_host_key) as r:
+        p = plan(cfg, cluster, r, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
+                 train_args=train_args, probe=probe, bench_csv=bench_csv)
+        if dry_run:
+            return SubmitResult(p, None)
+        spec = p.spec
+        checks.raise_for(p.findings, f"[cluster.{cluster.name}] job {spec.name}")
+        _refuse_if_active(cfg, cluster, r, spec)
+        r.mkdir(spec.log_dir)
+        r.mkdir(spec.out_dir)
+        r.write_file(spec.config_path, p.train_toml.encode())
+        r.write_file(spec.script_path, p.script.encode())
+        res = r.run(submit_argv(spec), cwd=posixpath.dirname(spec.script_path), timeout=120)
+        res.check(submit_argv(spec)[0])
+        job_id = parse_job_id(res.stdout)
+        if job_id is None:
+            raise RemoteError(f"{r.label}: `{submit_argv(spec)[0]}` printed no job id: "
+                              f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
+        rec = JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
+                        name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
+                        out_dir=spec.out_dir, data_dir=spec.data_dir,
+                        submitted=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        append_record(jobs_file(cfg), rec)
+        return SubmitResult(p, rec)
+
+
+def _refuse_if_active(cfg: Config, cluster: ClusterConfig, remote: Any, spec: JobSpec) -> None:
+    """Two jobs writing the same outputs would clobber each other's checkpoints."""
+    from train.jobs.status import ACTIVE, query_state
+
+    for rec in load_records(jobs_file(cfg)):
+        if rec.cluster != cluster.name or rec.out_dir != spec.out_dir:
+            continue
+        st = query_state(remote, rec.scheduler, rec.job_id)
+        if st.state in ACTIVE:
+            cancel = "qdel" if rec.scheduler == "sge" else "scancel"
+            raise ShardshipError(
+                f"[cluster.{cluster.name}] job {rec.job_id} ({rec.name}) is {st.state.lower()} on the same outputs "
+                f"{spec.out_dir}: wait for it (`train status`) or cancel it (`{cancel} {rec.job_id}`) first")

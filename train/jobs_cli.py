@@ -1,0 +1,114 @@
+"""`train submit | status | fetch`: thin click commands over `train.jobs.submit`.
+
+train/cli.py registers these module-level commands on its group. Heavy imports
+happen inside the commands so `train --help` stays fast."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from packer.cliutil import friendly_errors
+
+_CLUSTER = click.option("--cluster", default=None, metavar="NAME",
+                        help="[cluster.NAME] to use (default: the only one), or local:PATH.")
+_CONFIG = click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+                       help="shardship.toml to read [./shardship.toml].")
+_HOSTKEY = click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key.")
+
+
+def _load(config_path: str | None, cluster: str | None):
+    from packer.config import load_config
+
+    cfg = load_config(config_path)
+    return cfg, cfg.cluster(cluster)
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@click.option("--dry-run", is_flag=True, help="Render and check the script, print it, submit nothing.")
+@click.option("--name", default="shardship", show_default=True,
+              help="Job name; also the run directory outputs/NAME on the cluster (resubmitting resumes it).")
+@click.option("--nproc-per-node", type=click.IntRange(1), default=None,
+              help="Training processes per node for a CPU job (gpus = 0); with GPUs it is one per GPU.")
+@click.option("--max-steps", type=click.IntRange(1), default=None, help="Passed to `train run --max-steps`.")
+@click.option("--no-probe", is_flag=True, help="Do not measure a DataLoader worker locally for the RAM check.")
+@_HOSTKEY
+@friendly_errors
+def submit(cluster: str | None, config_path: str | None, dry_run: bool, name: str, nproc_per_node: int | None,
+           max_steps: int | None, no_probe: bool, accept_new_host_key: bool) -> None:
+    """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id."""
+    from packer.errors import ShardshipError
+    from train.jobs import checks
+    from train.jobs.records import jobs_file
+    from train.jobs.submit import submit_job
+
+    cfg, cl = _load(config_path, cluster)
+    extra = ("--max-steps", str(max_steps)) if max_steps else ()
+    res = submit_job(cfg, cl, dry_run=dry_run, accept_new_host_key=accept_new_host_key, name=name,
+                     ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe)
+    p = res.plan
+    if dry_run:
+        click.echo(p.script, nl=False)
+    for note in p.notes:
+        click.echo(f"check: {note}", err=True)
+    for f in p.findings:
+        click.echo(f"{f.level}: {f}", err=True)
+    if res.record is None:
+        errs = checks.errors(p.findings)
+        if errs:
+            raise ShardshipError(f"dry run: `train submit` would refuse this job ({len(errs)} check(s) failed)")
+        click.echo(f"dry run: script for {p.spec.scheduler} would go to {p.spec.script_path}; nothing submitted",
+                   err=True)
+        return
+    rec = res.record
+    click.echo(f"submitted job {rec.job_id} ({rec.name}) to [cluster.{rec.cluster}] ({rec.scheduler})")
+    click.echo(f"  script:  {rec.script}")
+    click.echo(f"  log:     {rec.log}")
+    click.echo(f"  outputs: {rec.out_dir} (resubmitting resumes from last.pt there)")
+    click.echo(f"  recorded in {jobs_file(cfg)}; follow it with `train status`, get results with `train fetch`")
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@click.option("--job", "job_id", default=None, help="Only this job id.")
+@_HOSTKEY
+@friendly_errors
+def status(cluster: str | None, config_path: str | None, job_id: str | None, accept_new_host_key: bool) -> None:
+    """State of the jobs `train submit` recorded (qstat/qacct or scontrol/squeue)."""
+    from train.jobs.records import jobs_file
+    from train.jobs.status import job_status
+
+    cfg, cl = _load(config_path, cluster)
+    rows = job_status(cfg, cl, job_id=job_id, accept_new_host_key=accept_new_host_key)
+    if not rows:
+        click.echo(f"no jobs recorded for [cluster.{cl.name}] in {jobs_file(cfg)}")
+        return
+    for rec, st in rows:
+        code = "" if st.exit_code is None else f" exit {st.exit_code}"
+        again = f", {st.restarts} restart(s)" if st.restarts else ""
+        detail = f" ({st.detail})" if st.detail else ""
+        click.echo(f"{rec.job_id:>10}  {rec.name:<16} {st.state:<10}{code}{again}{detail}  submitted {rec.submitted}")
+        click.echo(f"{'':>10}  log {rec.log}")
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@click.option("--name", default="shardship", show_default=True, help="Run name given to `train submit`.")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Local directory [outputs/CLUSTER/NAME].")
+@_HOSTKEY
+@friendly_errors
+def fetch(cluster: str | None, config_path: str | None, name: str, dest: Path | None,
+          accept_new_host_key: bool) -> None:
+    """Pull the best checkpoint, metrics, plots and the job log (transfer pull: resumed, verified)."""
+    from train.jobs.fetch import fetch_results
+
+    cfg, cl = _load(config_path, cluster)
+    where, outcomes = fetch_results(cfg, cl, name=name, dest=dest, accept_new_host_key=accept_new_host_key)
+    for o in outcomes:
+        click.echo(f"{'up to date' if o.skipped else 'fetched':>10}  {o.local_path}")
+    click.echo(f"results in {where}")

@@ -124,13 +124,13 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
                          compress=compress,
                          shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
-    hook = _slam_hook(cfg, quiet) if slam else None
     click.echo(f"PIL: {describe()}")
-    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, before_session=hook)
+    prepare = _slam_stage(cfg, quiet) if slam else None
+    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare)
     for name, why in sorted(r.failed.items()):
         click.echo(f"FAIL  session {name}: {why}", err=True)
     n_ok = len(r.packed) + len(r.reused)
-    rate = f", {r.images / r.seconds:.0f} img/s" if r.images and r.seconds else ""
+    rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
     click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")
     if n_ok:
@@ -139,13 +139,22 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     sys.exit(Exit.PARTIAL if r.failed else Exit.OK)
 
 
-def _slam_hook(cfg: Config, quiet: bool):
-    """Per-session metric poses before packing, when the slam stage is available."""
-    try:
-        from packer.slam_cli import pack_hook
-    except ImportError:
-        return None
-    return pack_hook(cfg, quiet=quiet)
+def _slam_stage(cfg: Config, quiet: bool):
+    """Metric poses for every session before packing (parallel, cached: a session
+    whose inputs did not change costs a fingerprint). ARKit sessions are skipped."""
+    from packer.slam import SlamOptions, slam_sessions
+
+    opts = SlamOptions.from_config(cfg.slam, cfg.scale)
+    opts.progress = not quiet
+
+    def prepare(sessions) -> dict[str, str]:
+        failed = {}
+        for r in slam_sessions([s.path for s in sessions], opts):
+            if r.status == "failed":
+                failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
+        return failed
+
+    return prepare
 
 
 @main.command()
@@ -205,9 +214,6 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
     click.echo("fits.")
 
 
-try:  # registered when the slam stage is installed (packer/slam_cli.py)
-    from packer.slam_cli import slam as _slam
+from packer.slam_cli import slam as _slam  # noqa: E402
 
-    main.add_command(_slam)
-except ImportError:  # pragma: no cover
-    pass
+main.add_command(_slam)

@@ -27,7 +27,8 @@ from packer.errors import SessionError, ShardshipError
 from packer.fingerprint import session_fingerprint
 from packer.imageops import ResizeSpec, process_frame, rescale_intrinsics
 from packer.pilinfo import describe as pil_describe
-from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_poses, load_session, poses_are_metric
+from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
+                            load_session, poses_are_metric)
 from packer.shards import ShardWriter
 
 
@@ -42,6 +43,7 @@ class PackReport:
     packed_bytes: int = 0
     images: int = 0  # frames encoded this run
     seconds: float = 0.0
+    encode_seconds: float = 0.0  # the resize/encode/write phase alone
     pil: str = ""
 
     @property
@@ -76,8 +78,7 @@ def _plan_session(session: Session, opts: PackOptions, fingerprint: str) -> _Ses
 
     poses = None
     metric = poses_are_metric(session)
-    flags = session.metadata.get("shardship", {}).get("interpolated_frames", [])
-    interpolated = set(int(x) for x in flags)
+    interpolated = {i for i, flag in load_pose_flags(session).items() if flag != "registered"}
     by_index = load_poses(session)
     if by_index is not None:
         idx = [int(session.frames[i]) for i in keep]
@@ -195,10 +196,12 @@ def pack(
     opts: PackOptions | None = None,
     *,
     progress: bool = True,
-    before_session: Callable[[Session], None] | None = None,
+    prepare: Callable[[list[Session]], dict[str, str]] | None = None,
 ) -> PackReport:
     """Pack every valid session under `raw` into `out`. Raises only for problems that
-    stop everything (unusable out dir); per-session problems land in report.failed."""
+    stop everything (unusable out dir); per-session problems land in report.failed.
+    `prepare` runs once over the valid sessions before packing (the SLAM stage: it
+    may rewrite poses.json/metadata.json) and returns {session: reason} refusals."""
     opts = opts or PackOptions()
     if opts.crop not in ("squash", "center"):
         raise ShardshipError(f"--crop {opts.crop!r}: use squash or center")
@@ -221,6 +224,9 @@ def pack(
     index["options"], index["pil"], index["failed"] = options, pil, {}
 
     sessions = load_valid_sessions(raw, report.failed)
+    if prepare is not None and sessions:
+        report.failed.update(prepare(sessions))
+        sessions = [s for s in load_valid_sessions(raw, report.failed) if s.name not in report.failed]
     present = {p.name for p in discover(raw)}
     for name in list(index["sessions"]):
         if name not in present:
@@ -230,9 +236,6 @@ def pack(
     todo: list[_SessionPlan] = []
     for s in sessions:
         try:
-            if before_session is not None:
-                before_session(s)
-                s = load_session(s.path, check_images=False)
             fp = session_fingerprint(s, options, manifest.VERSION)
             entry = index["sessions"].get(s.name)
             if _reusable(out, entry, index, fp):
@@ -244,7 +247,9 @@ def pack(
 
     total_frames = sum(len(p.keep) for p in todo)
     if todo:
+        t_enc = time.perf_counter()
         _encode_all(todo, out, opts, index, report, total_frames, progress)
+        report.encode_seconds = time.perf_counter() - t_enc
 
     index["failed"] = dict(report.failed)
     _apply_compression(out, index, opts.compress)

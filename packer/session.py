@@ -224,6 +224,15 @@ def load_poses(session: Session) -> dict[int, np.ndarray] | None:
     return out
 
 
+def load_pose_flags(session: Session) -> dict[int, str]:
+    """Per-frame SLAM flag ("registered" | "interpolated" | "outside") that
+    `packer slam` writes into poses.json; empty for poses from elsewhere."""
+    p = session.file("poses.json")
+    if not p.exists() or p.stat().st_size <= 2:
+        return {}
+    return {int(e["rgbIndex"]): str(e["flag"]) for e in read_json(session.name, p) if "flag" in e}
+
+
 def poses_are_metric(session: Session) -> bool:
     """ARKit poses are metric already; so are poses shardship wrote itself."""
     md = session.metadata

@@ -1,0 +1,257 @@
+"""Structure from motion with pycolmap (the wheel ships COLMAP; no CLI install).
+
+SIFT on the CPU, sequential matching (frames come from a video), then the global
+mapper (GLOMAP) by default or the incremental mapper. Known intrinsics from
+calib.txt fix a PINHOLE camera and are not refined. The largest model wins; the
+sizes of the others are reported. Everything runs in a scratch directory that is
+removed afterwards: the session directory only ever receives the final poses."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+MAPPERS = ("global", "incremental")
+
+
+class SfmError(ValueError):
+    """SfM could not produce a usable model; str() says why (caller adds the session)."""
+
+
+@dataclass
+class SfmOptions:
+    mapper: str = "global"
+    threads: int = 2
+    max_features: int = 2048
+    first_octave: int = 0  # 0: native resolution; -1 upsamples (about 3x slower)
+    overlap: int = 5  # sequential matching: each image against the next `overlap` (+ quadratic)
+    seed: int = 0
+    tracks_per_view: int = 200  # GLOMAP global positioning: tracks kept per image (speed)
+    retriangulate: bool = True  # GLOMAP retriangulation + refinement: ~3-7x lower ATE, steadier scale
+    min_features: int = 64  # median SIFT features per image below this -> "no texture"
+
+
+@dataclass
+class SfmModel:
+    """The largest reconstruction, as plain arrays (picklable across processes)."""
+
+    names: list[str]  # registered image names (keyframe file names), sorted by name
+    R_cw: np.ndarray  # (M,3,3) world-to-camera rotations (COLMAP cam_from_world)
+    t_cw: np.ndarray  # (M,3)
+    reprojection_error: float  # mean, pixels
+    n_points: int
+    median_depth: float  # median depth of 3-D points seen by the registered images (SfM units)
+    other_models: list[int] = field(default_factory=list)  # registered images in the other models
+    n_images: int = 0  # images given to SfM
+    median_features: float = 0.0
+
+    def camera_to_world(self) -> np.ndarray:
+        """(M,4,4) camera-to-world poses (the inverse of COLMAP's cam_from_world)."""
+        T = np.tile(np.eye(4), (len(self.names), 1, 1))
+        Rwc = np.swapaxes(self.R_cw, -1, -2)
+        T[:, :3, :3] = Rwc
+        T[:, :3, 3] = -np.einsum("nij,nj->ni", Rwc, self.t_cw)
+        return T
+
+
+@contextlib.contextmanager
+def _quiet_glog() -> Iterator[None]:
+    """COLMAP logs every step (and its own view of a failure) through glog on stderr;
+    the stage reports failures itself, so only fatal messages get through unless
+    SHARDSHIP_COLMAP_LOG (0 info .. 3 fatal) asks for more."""
+    import pycolmap
+
+    old = pycolmap.logging.minloglevel
+    try:
+        level = int(os.environ.get("SHARDSHIP_COLMAP_LOG", "3"))
+    except ValueError:
+        level = 3
+    pycolmap.logging.minloglevel = level
+    try:
+        yield
+    finally:
+        pycolmap.logging.minloglevel = old
+
+
+def reconstruct(
+    image_dir: Path,
+    image_names: list[str],
+    intrinsics: tuple[float, float, float, float] | None,
+    options: SfmOptions | None = None,
+    stage: Callable[[str], None] | None = None,
+    workdir: Path | None = None,
+) -> SfmModel:
+    """SfM over `image_names` (relative to image_dir); returns the largest model.
+    `stage(name)` is called as each stage starts (progress bars)."""
+    import pycolmap
+
+    opt = options or SfmOptions()
+    if opt.mapper not in MAPPERS:
+        raise ValueError(f"mapper must be one of {MAPPERS}, got {opt.mapper!r}")
+    note = stage or (lambda _s: None)
+    pycolmap.set_random_seed(opt.seed)
+    with tempfile.TemporaryDirectory(prefix="shardship-sfm-", dir=workdir) as tmp, _quiet_glog():
+        db = Path(tmp) / "database.db"
+        out = Path(tmp) / "sparse"
+        out.mkdir()
+        reader = pycolmap.ImageReaderOptions()
+        if intrinsics is not None:
+            reader.camera_model = "PINHOLE"
+            reader.camera_params = ",".join(f"{v:.9g}" for v in intrinsics)
+        else:
+            reader.camera_model = "SIMPLE_RADIAL"
+        extraction = pycolmap.FeatureExtractionOptions()
+        extraction.num_threads = opt.threads
+        extraction.use_gpu = False
+        extraction.sift.max_num_features = opt.max_features
+        extraction.sift.first_octave = opt.first_octave
+        note("features")
+        pycolmap.extract_features(
+            db,
+            image_dir,
+            image_names=image_names,
+            camera_mode=pycolmap.CameraMode.SINGLE,
+            reader_options=reader,
+            extraction_options=extraction,
+            device=pycolmap.Device.cpu,
+        )
+        counts = _feature_counts(db)
+        median_features = float(np.median(counts)) if counts else 0.0
+        if median_features < opt.min_features:
+            raise SfmError(
+                f"frames have almost no features (median {median_features:.0f} SIFT keypoints per "
+                f"keyframe, need {opt.min_features}): blank, blurred or textureless images"
+            )
+        note("matching")
+        matching = pycolmap.FeatureMatchingOptions()
+        matching.num_threads = opt.threads
+        matching.use_gpu = False
+        pairing = pycolmap.SequentialPairingOptions()
+        pairing.overlap = opt.overlap
+        pairing.num_threads = opt.threads
+        pycolmap.match_sequential(
+            db, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
+        )
+        note(f"mapping ({opt.mapper})")
+        models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=intrinsics is not None)
+        if not models:
+            raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {_diagnose(db)}")
+        sizes = sorted(((rec.num_reg_images(), k) for k, rec in models.items()), reverse=True)
+        best = models[sizes[0][1]]
+        model = _to_model(best)
+        model.other_models = [n for n, _k in sizes[1:]]
+        model.n_images = len(image_names)
+        model.median_features = median_features
+        return model
+
+
+def _feature_counts(db: Path) -> list[int]:
+    import pycolmap
+
+    d = pycolmap.Database.open(str(db)) if hasattr(pycolmap.Database, "open") else pycolmap.Database(str(db))
+    try:
+        return [int(d.num_keypoints_for_image(im.image_id)) for im in d.read_all_images()]
+    finally:
+        d.close()
+
+
+def _diagnose(db: Path) -> str:
+    """Why no model: read the verified two-view geometries. Identical frames give
+    identity homographies; a camera turning in place gives pure-rotation
+    (panoramic) pairs; anything else is too little overlap."""
+    import pycolmap
+
+    d = pycolmap.Database.open(str(db))
+    try:
+        _ids, geoms = d.read_two_view_geometries()
+    finally:
+        d.close()
+    C = pycolmap.TwoViewGeometryConfiguration
+    verified = [g for g in geoms if g.config not in (C.UNDEFINED, C.DEGENERATE)]
+    if not verified:
+        return "no two keyframes share enough features (fast motion, blur, or --keyframe-step too large)"
+    rot = [g for g in verified if g.config in (C.PANORAMIC, C.PLANAR_OR_PANORAMIC)]
+    still = [g for g in rot if _is_identity(np.asarray(g.H))]
+    if len(still) >= 0.9 * len(verified):
+        return (f"the frames are identical ({len(still)}/{len(verified)} keyframe pairs show no motion at all): "
+                "the camera does not move")
+    if len(rot) >= 0.9 * len(verified):
+        return (f"no parallax: {len(rot)}/{len(verified)} keyframe pairs are pure rotations (the camera turns in "
+                "place without translating), so neither the 3-D structure nor a metric scale can be recovered")
+    return (f"only {len(verified) - len(rot)}/{len(verified)} keyframe pairs have parallax; "
+            "try a smaller --keyframe-step or record with more translation")
+
+
+def _is_identity(H: np.ndarray, tol_px: float = 0.5) -> bool:
+    """Homography moves the corners of a 480x360 image by less than tol_px."""
+    if H.shape != (3, 3) or not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
+        return False
+    pts = np.array([[0, 0, 1], [480, 0, 1], [0, 360, 1], [480, 360, 1]], dtype=np.float64)
+    q = pts @ (H / H[2, 2]).T
+    q = q[:, :2] / q[:, 2:]
+    return bool(np.max(np.abs(q - pts[:, :2])) < tol_px)
+
+
+def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_intrinsics: bool) -> dict:
+    if opt.mapper == "global":
+        o = pycolmap.GlobalPipelineOptions()
+        o.num_threads = opt.threads
+        o.random_seed = opt.seed
+        m = o.mapper
+        m.num_threads = opt.threads
+        m.random_seed = opt.seed
+        m.global_positioning.use_gpu = False
+        m.global_positioning.random_seed = opt.seed
+        m.rotation_averaging.random_seed = opt.seed
+        m.bundle_adjustment.ceres.use_gpu = False
+        m.bundle_adjustment.ceres.solver_options.num_threads = opt.threads
+        m.track_required_tracks_per_view = opt.tracks_per_view
+        m.skip_retriangulation = not opt.retriangulate
+        if fixed_intrinsics:
+            m.bundle_adjustment.refine_focal_length = False
+            m.bundle_adjustment.refine_principal_point = False
+            m.bundle_adjustment.refine_extra_params = False
+        return dict(pycolmap.global_mapping(db, image_dir, out, o))
+    o = pycolmap.IncrementalPipelineOptions()
+    o.num_threads = opt.threads
+    o.random_seed = opt.seed
+    o.mapper.num_threads = opt.threads
+    o.mapper.random_seed = opt.seed
+    o.triangulation.random_seed = opt.seed
+    o.extract_colors = False
+    if fixed_intrinsics:
+        o.ba_refine_focal_length = False
+        o.ba_refine_principal_point = False
+        o.ba_refine_extra_params = False
+    return dict(pycolmap.incremental_mapping(db, image_dir, out, o))
+
+
+def _to_model(rec) -> SfmModel:
+    items = sorted(((img.name, img) for img in rec.images.values() if img.has_pose), key=lambda x: x[0])
+    names = [n for n, _ in items]
+    R = np.stack([np.asarray(img.cam_from_world().rotation.matrix()) for _, img in items])
+    t = np.stack([np.asarray(img.cam_from_world().translation) for _, img in items])
+    depths = []
+    for _, img in items:
+        cfw = img.cam_from_world()
+        Rm, tv = np.asarray(cfw.rotation.matrix()), np.asarray(cfw.translation)
+        pts = [rec.points3D[p.point3D_id].xyz for p in img.points2D if p.has_point3D()]
+        if pts:
+            depths.append(np.median((np.asarray(pts) @ Rm.T + tv)[:, 2]))
+    return SfmModel(
+        names=names,
+        R_cw=R,
+        t_cw=t,
+        reprojection_error=float(rec.compute_mean_reprojection_error()),
+        n_points=int(rec.num_points3D()),
+        median_depth=float(np.median(depths)) if depths else float("nan"),
+    )
+
+
+def default_threads() -> int:
+    return max(1, min(2, os.cpu_count() or 1))

@@ -1,0 +1,183 @@
+"""Camera-to-IMU rotation and IMU clock offset from gyro vs visual rotation.
+
+The gyro measures the body angular velocity in the IMU frame; SfM gives the
+camera-frame rotation between keyframes. Over a keyframe interval [a, b] (frame
+clock) the integrated gyro over [a + offset, b + offset] (IMU clock) equals
+R_ic @ Log(R_a^T R_b) + gyro_bias * (b - a). Comparing integrals, not rates, keeps
+the gyro and the visual side filtered identically, so the offset is unbiased.
+
+1. coarse offset: normalised cross-correlation of the rotation-rate *norms*
+   (independent of the unknown axis convention) over every offset that keeps the
+   video inside the IMU recording;
+2. rotation: orthogonal Procrustes (Kabsch) of visual vs gyro increments, with a
+   constant gyro bias re-estimated in turn;
+3. fine offset: 1-D search of the vector residual around the coarse peak, with the
+   rotation re-fitted at each candidate, and a parabola through the minimum.
+
+No axis convention is assumed anywhere: R_ic comes out of the data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer.slam.rotations import procrustes_rotation, so3_log
+
+
+class AlignmentError(ValueError):
+    """Gyro and video cannot be aligned; the message says why (caller adds the session)."""
+
+
+@dataclass
+class ImuAlignment:
+    offset: float  # seconds; IMU clock = frame clock + offset
+    R_ic: np.ndarray  # (3,3) rotates camera-frame vectors into the IMU frame
+    gyro_bias: np.ndarray  # (3,) rad/s in the IMU frame
+    residual: float  # RMS rad/s of the gyro-vs-visual increment mismatch
+    correlation: float  # normalised correlation of rate norms at the chosen offset
+    n_intervals: int
+    rotation_rms: float  # RMS visual rotation rate, rad/s (the excitation)
+
+
+class GyroIntegral:
+    """Cumulative trapezoid integral of the gyro vector, so the increment over any
+    interval is two interpolations (cheap enough to scan thousands of offsets)."""
+
+    def __init__(self, t: np.ndarray, gyro: np.ndarray):
+        self.t = np.asarray(t, dtype=np.float64)
+        g = np.asarray(gyro, dtype=np.float64)
+        steps = 0.5 * (g[1:] + g[:-1]) * np.diff(self.t)[:, None]
+        self.cum = np.vstack([np.zeros((1, 3)), np.cumsum(steps, axis=0)])
+
+    def at(self, t: np.ndarray) -> np.ndarray:
+        return np.stack([np.interp(t, self.t, self.cum[:, i]) for i in range(3)], axis=-1)
+
+    def increment(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """(M,3) integral of the gyro over [a_i, b_i] (IMU clock)."""
+        return self.at(b) - self.at(a)
+
+
+def visual_increments(
+    key_ts: np.ndarray, R_wc: np.ndarray, max_gap: float = 0.5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Consecutive registered keyframes -> (a, b, phi) with phi = Log(R_a^T R_b), the
+    camera-frame rotation over [a, b]. Intervals longer than `max_gap` (an
+    unregistered stretch) are dropped: their rotation may wrap or be ambiguous."""
+    key_ts = np.asarray(key_ts, dtype=np.float64)
+    R_wc = np.asarray(R_wc, dtype=np.float64)
+    a, b = key_ts[:-1], key_ts[1:]
+    phi = so3_log(np.swapaxes(R_wc[:-1], -1, -2) @ R_wc[1:])
+    keep = (b - a) <= max_gap
+    return a[keep], b[keep], phi[keep]
+
+
+def _ncc(x: np.ndarray, y: np.ndarray) -> float:
+    x = x - x.mean()
+    y = y - y.mean()
+    d = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / d) if d > 0 else 0.0
+
+
+def _fit_rotation_bias(
+    phi_cam: np.ndarray, phi_imu: np.ndarray, dt: np.ndarray, iters: int = 3, with_bias: bool = True
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """R, bias minimising sum |R phi_cam + bias dt - phi_imu|^2 (alternating; both
+    subproblems are closed-form). Returns (R, bias, RMS residual in rad/s)."""
+    bias = np.zeros(3)
+    R = np.eye(3)
+    for _ in range(iters if with_bias else 1):
+        R = procrustes_rotation(phi_cam, phi_imu - bias * dt[:, None])
+        if with_bias:
+            r = phi_imu - phi_cam @ R.T
+            bias = (r * dt[:, None]).sum(0) / (dt**2).sum()
+    res = phi_cam @ R.T + bias * dt[:, None] - phi_imu
+    rms = float(np.sqrt(np.mean(np.sum((res / dt[:, None]) ** 2, axis=1))))
+    return R, bias, rms
+
+
+def align_imu(
+    key_ts: np.ndarray,
+    R_wc: np.ndarray,
+    imu_t: np.ndarray,
+    gyro: np.ndarray,
+    *,
+    max_gap: float = 0.5,
+    min_rotation_rms: float = 0.02,
+    min_intervals: int = 8,
+    max_offset: float | None = None,
+    estimate_bias: bool = True,
+) -> ImuAlignment:
+    """Estimate the IMU clock offset and the camera-to-IMU rotation.
+
+    key_ts: registered keyframe times (frame clock, increasing); R_wc: their
+    camera-to-world rotations; imu_t / gyro: the IMU clock and rad/s samples.
+    `max_offset` bounds |offset - (imu_t[0] - key_ts[0])| when given; by default
+    every offset that keeps 90% of the video inside the IMU recording is searched."""
+    a, b, phi = visual_increments(key_ts, R_wc, max_gap)
+    if len(a) < min_intervals:
+        raise AlignmentError(f"only {len(a)} usable keyframe intervals for gyro alignment; need {min_intervals}")
+    dt = b - a
+    rate_v = np.linalg.norm(phi, axis=1) / dt
+    rot_rms = float(np.sqrt(np.mean(rate_v**2)))
+    if rot_rms < min_rotation_rms:
+        raise AlignmentError(
+            f"the camera barely rotates ({rot_rms:.3f} rad/s RMS, need {min_rotation_rms}): "
+            "gyro/video clock offset and camera-IMU rotation are not observable"
+        )
+    gi = GyroIntegral(imu_t, gyro)
+    t_lo, t_hi = float(imu_t[0]), float(imu_t[-1])
+    dur = float(b[-1] - a[0])
+    slack = 0.1 * dur
+    lo = t_lo - a[0] - slack
+    hi = t_hi - b[-1] + slack
+    if max_offset is not None:
+        c = t_lo - float(key_ts[0])
+        lo, hi = max(lo, c - max_offset), min(hi, c + max_offset)
+    if hi < lo:
+        raise AlignmentError(
+            f"the IMU recording ({t_hi - t_lo:.2f} s) cannot cover the video's registered span ({dur:.2f} s)"
+        )
+
+    def score(d: float) -> tuple[float, int]:
+        inside = (a + d >= t_lo) & (b + d <= t_hi)
+        if inside.sum() < max(min_intervals, 0.5 * len(a)):
+            return -np.inf, 0
+        rate_g = np.linalg.norm(gi.increment(a[inside] + d, b[inside] + d), axis=1) / dt[inside]
+        return _ncc(rate_v[inside], rate_g), int(inside.sum())
+
+    # 1. coarse: norm correlation on a grid (step <= 20 ms keeps the ~100 ms wide
+    #    peak of hand motion sampled), then a 1 ms grid around the best.
+    step = float(np.clip((hi - lo) / 4000.0, 0.002, 0.02))
+    grid = np.arange(lo, hi + step, step)
+    scores = np.array([score(d)[0] for d in grid])
+    if not np.isfinite(scores).any():
+        raise AlignmentError("no clock offset puts the video inside the IMU recording")
+    d0 = float(grid[int(np.nanargmax(scores))])
+    fine = np.arange(d0 - 2 * step, d0 + 2 * step + 1e-4, 0.001)
+    fs = np.array([score(d)[0] for d in fine])
+    d0 = float(fine[int(np.argmax(fs))])
+
+    # 2 + 3. vector residual with rotation (and bias) re-fitted per candidate offset.
+    def vec_cost(d: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        inside = (a + d >= t_lo) & (b + d <= t_hi)
+        phi_imu = gi.increment(a[inside] + d, b[inside] + d)
+        R, bias, rms = _fit_rotation_bias(phi[inside], phi_imu, dt[inside], with_bias=estimate_bias)
+        return rms, R, bias, inside
+
+    cand = np.arange(d0 - 0.012, d0 + 0.012 + 1e-9, 0.0005)
+    costs = np.array([vec_cost(d)[0] for d in cand])
+    k = int(np.argmin(costs))
+    best = float(cand[k])
+    if 0 < k < len(cand) - 1:  # parabola through the minimum and its neighbours
+        c0, c1, c2 = costs[k - 1], costs[k], costs[k + 1]
+        den = c0 - 2 * c1 + c2
+        if den > 0:
+            best += 0.5 * (c0 - c2) / den * (cand[1] - cand[0])
+    rms, R, bias, inside = vec_cost(best)
+    corr, n = score(best)
+    sv = np.linalg.svd(phi[inside], compute_uv=False)
+    if sv[1] < 0.05 * sv[0]:
+        raise AlignmentError(
+            "the camera rotates about a single axis only: the camera-IMU rotation is not observable"
+        )
+    return ImuAlignment(best, R, bias, rms, corr, n, rot_rms)

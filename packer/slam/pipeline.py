@@ -1,0 +1,458 @@
+"""Stage 1 per session: SfM -> IMU alignment -> metric scale -> poses for every frame.
+
+`slam_session` never raises for a bad session: it returns a SlamResult whose
+status is "failed" with a one-line message naming the file and the reason, so one
+bad session never stops the others. `slam_sessions` runs sessions in parallel
+processes where cores allow (each SfM uses `threads` cores)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from packer import __version__
+from packer.errors import SessionError, ShardshipError
+from packer.session import Imu, Session, load_imu, load_session
+from packer.slam import store
+from packer.slam.colmap import MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct
+from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
+from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
+from packer.slam.marker import (
+    MarkerError,
+    marker_camera_centres,
+    parse_known_distance,
+    scale_from_known_distance,
+    scale_from_marker,
+)
+from packer.slam.scale import ScaleOptions, ScaleRefused, solve_scale
+
+SCALE_METHODS = ("imu", "marker", "known-distance", "none")
+STAGES = ("check", "features", "matching", "mapping", "scale", "write")
+
+
+@dataclass
+class SlamOptions:
+    mapper: str = "global"  # "global" (GLOMAP) | "incremental"
+    keyframe_step: int = 3  # SfM on every Nth frame; the others are interpolated
+    scale: str = "imu"  # "imu" | "marker" | "known-distance" | "none"
+    marker_size: float | None = None  # metres, --scale marker
+    marker_dict: str = "DICT_4X4_50"
+    marker_id: int | None = None
+    known_distance: str | None = None  # "A:B:METRES", --scale known-distance
+    plot: bool = False
+    force: bool = False  # ignore the cache
+    threads: int = 2  # per session (SIFT, matching, mapper)
+    max_features: int = 2048
+    first_octave: int = 0  # 0: SIFT at native resolution (-1 upsamples: 3x slower, no better here)
+    overlap: int = 5  # sequential matching window (keyframes)
+    tracks_per_view: int = 200  # GLOMAP: tracks kept per image for global positioning
+    retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
+    min_frames: int = 10
+    min_registered: float = 0.5  # refuse below this registered fraction
+    min_baseline: float = 0.005  # refuse scale when the path (RMS) spans less of the median scene depth
+    max_imu_offset: float | None = None  # bound the clock search (s) around start alignment
+    seed: int = 0
+    scale_options: ScaleOptions = field(default_factory=ScaleOptions)
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mapper not in MAPPERS:
+            raise ShardshipError(f"--mapper must be one of {', '.join(MAPPERS)}, got {self.mapper!r}")
+        if self.scale not in SCALE_METHODS:
+            raise ShardshipError(f"--scale must be one of {', '.join(SCALE_METHODS)}, got {self.scale!r}")
+        if self.keyframe_step < 1:
+            raise ShardshipError("--keyframe-step must be >= 1")
+        if self.scale == "marker" and not (self.marker_size and self.marker_size > 0):
+            raise ShardshipError("--scale marker needs --marker-size METRES (the printed marker's side length)")
+        if self.scale == "known-distance":
+            if not self.known_distance:
+                raise ShardshipError("--scale known-distance needs --known-distance FRAME_A:FRAME_B:METRES")
+            try:
+                parse_known_distance(self.known_distance)
+            except MarkerError as e:
+                raise ShardshipError(str(e)) from None
+
+    def fingerprint_options(self) -> dict[str, Any]:
+        """Options that change the output (not progress, plotting, force)."""
+        d = dataclasses.asdict(self)
+        for k in ("plot", "force", "progress", "threads"):
+            d.pop(k)
+        return d
+
+    def sfm_options(self) -> SfmOptions:
+        return SfmOptions(
+            mapper=self.mapper, threads=self.threads, max_features=self.max_features,
+            first_octave=self.first_octave, overlap=self.overlap, seed=self.seed,
+            tracks_per_view=self.tracks_per_view, retriangulate=self.retriangulate,
+        )
+
+    @classmethod
+    def from_config(cls, slam_section: dict[str, Any], scale_section: dict[str, Any],
+                    **overrides: Any) -> "SlamOptions":
+        """[slam] and [scale] sections of shardship.toml, then CLI overrides (None = unset)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"scale_options"}
+        snames = {f.name for f in dataclasses.fields(ScaleOptions)}
+        kw: dict[str, Any] = {}
+        for k, v in slam_section.items():
+            k2 = k.replace("-", "_")
+            if k2 not in names:
+                raise ShardshipError(f"[slam]: unknown key {k!r} (known: {', '.join(sorted(names))})")
+            kw[k2] = v
+        skw: dict[str, Any] = {}
+        for k, v in scale_section.items():
+            k2 = k.replace("-", "_")
+            if k2 == "method":
+                kw["scale"] = v
+            elif k2 in snames:
+                skw[k2] = v
+            else:
+                raise ShardshipError(f"[scale]: unknown key {k!r} (known: method, {', '.join(sorted(snames))})")
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(scale_options=ScaleOptions(**skw), **kw)
+
+
+@dataclass
+class SlamResult:
+    session: str
+    path: Path
+    status: str  # "ok" | "cached" | "skipped" | "failed"
+    message: str = ""  # one line for the user
+    metric: bool = False
+    scale: float | None = None
+    method: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # what metadata.json["shardship"] holds
+    poses: np.ndarray | None = None  # (N,4,4) camera-to-world, every frame (not for cached/skipped)
+    flags: np.ndarray | None = None  # (N,) REGISTERED / INTERPOLATED / OUTSIDE
+    frames: np.ndarray | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    plot: Path | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+class _Stages:
+    """Per-stage timing and an optional tqdm bar (one per session, left behind)."""
+
+    def __init__(self, name: str, progress: bool):
+        self.name = name
+        self.seconds: dict[str, float] = {}
+        self._cur: str | None = None
+        self._t = time.perf_counter()
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=len(STAGES), desc=name, unit="stage", leave=False)
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        if self._cur is not None:
+            self.seconds[self._cur] = self.seconds.get(self._cur, 0.0) + now - self._t
+            if self.bar is not None:
+                self.bar.update(1)
+        self._cur, self._t = stage.split(" ")[0], now
+        if self.bar is not None:
+            self.bar.set_postfix_str(stage)
+
+    def close(self) -> dict[str, float]:
+        self("done")
+        if self.bar is not None:
+            self.bar.close()
+        self.seconds.pop("done", None)
+        return self.seconds
+
+
+def keyframe_positions(n_frames: int, step: int) -> np.ndarray:
+    """Positions (into the session's frame list) of the keyframes: every `step`th
+    frame and always the last one, so the registered span can cover the whole video."""
+    k = np.arange(0, n_frames, step)
+    if k[-1] != n_frames - 1:
+        k = np.append(k, n_frames - 1)
+    return k
+
+
+def _preflight(session: Session, opts: SlamOptions) -> Imu | None:
+    """Cheap checks that must fail before minutes of SfM: frame count, IMU presence,
+    NaN, coverage, marker prerequisites."""
+    if session.n_frames < opts.min_frames:
+        raise session.error("rgb/", f"only {session.n_frames} frames; SfM needs at least {opts.min_frames}")
+    imu = None
+    if opts.scale == "imu":
+        if not session.file("imu.json").exists():
+            raise session.error(
+                "imu.json",
+                "missing: --scale imu needs the IMU; use --scale none (unscaled poses, marked metric false), "
+                "--scale marker or --scale known-distance",
+            )
+        imu = load_imu(session)  # raises on NaN / non-monotonic stamps
+        d_imu = float(imu.t[-1] - imu.t[0])
+        d_vid = float(session.timestamps[-1] - session.timestamps[0])
+        if d_imu < 0.9 * d_vid:
+            raise session.error(
+                "imu.json",
+                f"IMU covers only {d_imu:.2f} s but the video lasts {d_vid:.2f} s: the IMU must span the whole "
+                "recording (re-export it, or use --scale none / marker)",
+            )
+    if opts.scale == "marker" and session.intrinsics is None:
+        raise session.error("calib.txt", "missing: --scale marker needs the camera intrinsics 'fx fy cx cy'")
+    if opts.scale == "known-distance":
+        a, b, _d = parse_known_distance(opts.known_distance or "")
+        have = set(int(f) for f in session.frames)
+        for f in (a, b):
+            if f not in have:
+                raise session.error("rgb/", f"--known-distance frame {f} does not exist")
+    return imu
+
+
+def slam_session(session_dir: str | os.PathLike, opts: SlamOptions | None = None) -> SlamResult:
+    """Metric camera-to-world poses for one session (see the module docstring)."""
+    opts = opts or SlamOptions()
+    path = Path(session_dir)
+    stages = _Stages(path.name, opts.progress)
+    try:
+        stages("check")
+        result = _run(path, opts, stages)
+    except SessionError as e:
+        result = SlamResult(path.name, path, "failed", message=str(e))
+    except (ShardshipError, MarkerError) as e:
+        result = SlamResult(path.name, path, "failed", message=f"session {path.name}: {e}")
+    result.seconds = stages.close()
+    return result
+
+
+def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamResult:
+    opts.validate()
+    session = load_session(path)
+    name = session.name
+    if session.capture_source == "ARKit":
+        return SlamResult(name, path, "skipped", "captureSource ARKit: poses are already metric", metric=True,
+                          method="arkit")
+    imu = _preflight(session, opts)
+    fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu=opts.scale == "imu")
+    if not opts.force:
+        info = store.cached(session, fp)
+        if info is not None:
+            res = SlamResult(name, path, "cached", _summary(info), metric=bool(info.get("metric")),
+                             scale=info.get("scale"), method=str(info.get("method", "")), info=info)
+            if opts.plot:
+                res.plot = _plot_stored(session, res)
+            return res
+
+    kpos = keyframe_positions(session.n_frames, opts.keyframe_step)
+    names = [session.frame_paths[i].name for i in kpos]
+    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
+    try:
+        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages)
+    except SfmError as e:
+        raise session.error("rgb/", str(e)) from None
+    key_pos, key_T = _registered(model, names, kpos)
+    reg_frac = len(key_pos) / len(kpos)
+    if reg_frac < opts.min_registered or len(key_pos) < 3:
+        raise session.error(
+            "rgb/",
+            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
+            f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
+        )
+    key_ts = session.timestamps[key_pos]
+    stages("scale")
+    centres = key_T[:, :3, 3]
+    extent = float(np.sqrt(np.mean(np.sum((centres - centres.mean(0)) ** 2, axis=1))))
+    baseline = extent / model.median_depth if model.median_depth > 0 else 0.0
+    info: dict[str, Any] = {
+        "version": store.SLAM_VERSION,
+        "fingerprint": fp,
+        "mapper": opts.mapper,
+        "keyframe_step": opts.keyframe_step,
+        "keyframes": len(kpos),
+        "registered_keyframes": len(key_pos),
+        "registered_fraction": reg_frac,
+        "other_models": model.other_models,
+        "reprojection_error": model.reprojection_error,
+        "points": model.n_points,
+        "baseline_over_depth": baseline,
+        "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
+        "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
+    }
+    if opts.scale != "none" and baseline < opts.min_baseline:
+        raise session.error(
+            "rgb/",
+            f"scale refused: the camera barely translates (path spans {baseline:.2%} of the median scene depth, "
+            f"need {opts.min_baseline:.1%}), so no method can recover a metric scale; record with more hand "
+            "motion, or use --scale none for unscaled poses",
+        )
+    scale, metric, extra = _scale(session, opts, imu, key_pos, key_ts, key_T)
+    info.update(extra)
+    info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale})
+
+    stages("write")
+    T = key_T.copy()
+    T[:, :3, 3] = (centres - centres[0]) * scale
+    poses, flags = interpolate_poses(session.timestamps, key_ts, T)
+    info["interpolated_frames"] = int(np.sum(flags == INTERPOLATED))
+    info["outside_frames"] = [int(f) for f in session.frames[flags == OUTSIDE]]
+    info["tool"] = f"shardship {__version__}"
+    info = store.write_results(session, poses, flags, FLAG_NAMES, info)
+    result = SlamResult(name, path, "ok", _summary(info), metric=metric, scale=scale if metric else None,
+                        method=opts.scale, info=info, poses=poses, flags=flags, frames=session.frames)
+    if opts.plot:
+        result.plot = _plot(session, poses, flags, result.message, metric)
+    return result
+
+
+def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:
+    from packer.slam.plot import load_truth_positions, plot_trajectory
+
+    return plot_trajectory(
+        session.path / "slam.png", poses[:, :3, 3], f"{session.name}: {message}",
+        truth=load_truth_positions(session.path, session.frames), metric=metric, registered=flags == REGISTERED,
+    )
+
+
+def _plot_stored(session: Session, res: SlamResult) -> Path | None:
+    from packer.session import load_poses
+
+    stored = load_poses(session)
+    if not stored:
+        return None
+    poses = np.stack([stored[int(f)] for f in session.frames if int(f) in stored])
+    if len(poses) != session.n_frames:
+        return None
+    return _plot(session, poses, np.full(len(poses), INTERPOLATED, np.int8), res.message, res.metric)
+
+
+def _registered(model: SfmModel, names: list[str], kpos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(frame positions, camera-to-world (M,4,4)) of the registered keyframes, in time order."""
+    where = {n: i for i, n in enumerate(model.names)}
+    T_all = model.camera_to_world()
+    pos, T = [], []
+    for k, n in zip(kpos, names):
+        if n in where:
+            pos.append(int(k))
+            T.append(T_all[where[n]])
+    return np.asarray(pos, dtype=np.int64), np.asarray(T).reshape(-1, 4, 4)
+
+
+def _scale(
+    session: Session, opts: SlamOptions, imu: Imu | None, key_pos: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray,
+) -> tuple[float, bool, dict[str, Any]]:
+    """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method."""
+    centres = key_T[:, :3, 3]
+    R_wc = key_T[:, :3, :3]
+    if opts.scale == "none":
+        return 1.0, False, {}
+    if opts.scale == "imu":
+        assert imu is not None
+        try:
+            al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+        except AlignmentError as e:
+            raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+        try:
+            sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
+                             gyro_bias=al.gyro_bias, options=opts.scale_options)
+        except ScaleRefused as e:
+            raise session.error("imu.json", f"scale refused: {e}") from None
+        return sr.scale, True, {
+            "imu_offset": al.offset,
+            "R_imu_cam": al.R_ic.tolist(),
+            "gyro_bias": al.gyro_bias.tolist(),
+            "gyro_residual": al.residual,
+            "gyro_correlation": al.correlation,
+            "scale_rel_std": sr.rel_std,
+            "residual": sr.residual,
+            "confidence": sr.confidence,
+            "excitation": sr.excitation,
+            "explained": sr.explained,
+            "condition": sr.condition,
+            "accel_mode": sr.accel_mode,
+            "accel_sign": sr.accel_sign,
+            "gravity_sfm": sr.gravity,
+            "accel_bias": sr.accel_bias,
+            "scale_intervals": sr.n_intervals,
+        }
+    if opts.scale == "marker":
+        paths = [session.frame_paths[int(k)] for k in key_pos]
+        found, mid = marker_camera_centres(paths, session.intrinsics, float(opts.marker_size),  # type: ignore[arg-type]
+                                           opts.marker_dict, opts.marker_id, R_wc=R_wc)
+        idx = np.array(sorted(found), dtype=np.int64)
+        try:
+            ms = scale_from_marker(centres[idx] if len(idx) else np.zeros((0, 3)),
+                                   np.array([found[i] for i in idx]).reshape(-1, 3), marker_id=mid)
+        except MarkerError as e:
+            raise session.error("rgb/", f"marker scale: {e}") from None
+        return ms.scale, True, {"residual": ms.residual, "scale_rel_std": ms.rel_std, "marker_frames": ms.n_frames,
+                                "marker_id": ms.marker_id, "marker_size": opts.marker_size,
+                                "confidence": max(0.0, 1.0 - ms.rel_std / 0.02)}
+    # known-distance: camera centres of the two frames (interpolated when not keyframes)
+    a, b, d = parse_known_distance(opts.known_distance or "")
+    fr = {int(f): i for i, f in enumerate(session.frames)}
+    P, _fl = interpolate_poses(session.timestamps[[fr[a], fr[b]]], key_ts, key_T)
+    try:
+        s = scale_from_known_distance(P[0, :3, 3], P[1, :3, 3], d)
+    except MarkerError as e:
+        raise session.error("rgb/", str(e)) from None
+    return s, True, {"known_distance": [a, b, d], "residual": 0.0, "confidence": None}
+
+
+def _summary(info: dict[str, Any]) -> str:
+    parts = []
+    if info.get("metric"):
+        s = f"scale {info['scale']:.4g} m/unit ({info['method']}"
+        if info.get("scale_rel_std") is not None:
+            s += f", +-{info['scale_rel_std']:.1%}"
+        if info.get("imu_offset") is not None:
+            s += f", IMU offset {info['imu_offset'] * 1000:+.1f} ms"
+        parts.append(s + ")")
+    else:
+        parts.append("unscaled poses (metric false)")
+    parts.append(f"registered {info['registered_fraction']:.0%} of {info['keyframes']} keyframes")
+    parts.append(f"reprojection {info['reprojection_error']:.2f} px")
+    if info.get("other_models"):
+        parts.append(f"other models {info['other_models']}")
+    return ", ".join(parts)
+
+
+def default_jobs(threads: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, threads))
+
+
+def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None = None,
+                  jobs: int | None = None) -> list[SlamResult]:
+    """Run `slam_session` over `paths`, in `jobs` processes (default: cores // threads).
+    Results come back in the order of `paths`."""
+    opts = opts or SlamOptions()
+    opts.validate()
+    paths = [Path(p) for p in paths]
+    jobs = default_jobs(opts.threads) if jobs is None or jobs <= 0 else jobs
+    jobs = min(jobs, max(1, len(paths)))
+    out: dict[int, SlamResult] = {}
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(paths), desc="slam", unit="session", disable=not opts.progress or len(paths) < 2)
+    if jobs == 1:
+        for i, p in enumerate(paths):
+            out[i] = slam_session(p, opts)
+            bar.update(1)
+    else:
+        import multiprocessing as mp
+
+        worker_opts = dataclasses.replace(opts, progress=False)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(slam_session, p, worker_opts): i for i, p in enumerate(paths)}
+            for f in as_completed(futs):
+                i = futs[f]
+                try:
+                    out[i] = f.result()
+                except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
+                    out[i] = SlamResult(paths[i].name, paths[i], "failed",
+                                        message=f"session {paths[i].name}: internal error: {type(e).__name__}: {e}")
+                bar.update(1)
+    bar.close()
+    return [out[i] for i in range(len(paths))]

@@ -1,0 +1,159 @@
+"""What the SLAM stage reads to decide it has nothing to do, and what it writes.
+
+Output, in the session (what the StackCapture tools read):
+- poses.json: [{"timestamp", "rgbIndex", "transform": 4x4 camera-to-world}] for
+  every frame (metres when metric), plus "flag": registered|interpolated|outside;
+- metadata.json: the original keys untouched, results under "shardship".
+
+Raw data is never lost: a non-empty poses.json that shardship did not write is
+renamed to poses.orig.json (poses.orig.1.json, ... if that exists) first.
+A re-run with the same inputs and options finds the same fingerprint in
+metadata.json and a poses.json whose hash matches, and does nothing."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from packer.atomic import write_bytes, write_json
+from packer.session import Session, read_json
+
+SLAM_VERSION = 1  # bump when the output of the same inputs changes
+KEY = "shardship"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def input_fingerprint(session: Session, options: dict[str, Any], use_imu: bool) -> str:
+    """Content hash of everything the result depends on: frames, frame timestamps,
+    calib.txt, imu.json (when used), the capture source, the options and the version.
+    Not metadata.json or poses.json as files: this stage writes them."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"v": SLAM_VERSION, "options": options, "source": session.capture_source},
+                        sort_keys=True).encode())
+    h.update(np.ascontiguousarray(session.timestamps, dtype="<f8").tobytes())
+    for name in ("calib.txt", "imu.json") if use_imu else ("calib.txt",):
+        p = session.file(name)
+        h.update(name.encode() + b"\0" + (hashlib.sha256(p.read_bytes()).digest() if p.exists() else b"-"))
+    for idx, p in zip(session.frames, session.frame_paths):
+        h.update(f"{int(idx)}\0".encode())
+        with open(p, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def load_metadata(session: Session) -> dict[str, Any]:
+    p = session.file("metadata.json")
+    if not p.exists():
+        return {}
+    data = read_json(session.name, p)
+    return data if isinstance(data, dict) else {}
+
+
+def cached(session: Session, fingerprint: str) -> dict[str, Any] | None:
+    """The stored results when this exact input was already processed, else None."""
+    info = load_metadata(session).get(KEY)
+    if not isinstance(info, dict) or info.get("fingerprint") != fingerprint:
+        return None
+    p = session.file("poses.json")
+    if not p.exists() or _sha(p.read_bytes()) != info.get("poses_sha256"):
+        return None
+    return info
+
+
+def _ours(session: Session, data: bytes) -> bool:
+    info = load_metadata(session).get(KEY)
+    return isinstance(info, dict) and info.get("poses_sha256") == _sha(data)
+
+
+def keep_foreign_poses(session: Session) -> Path | None:
+    """Rename a non-empty poses.json that shardship did not write; returns the new path."""
+    p = session.file("poses.json")
+    if not p.exists():
+        return None
+    data = p.read_bytes()
+    try:
+        empty = not json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        empty = False  # unreadable: keep it, it is someone's data
+    if empty or _ours(session, data):
+        return None
+    dest = session.file("poses.orig.json")
+    n = 1
+    while dest.exists():
+        if dest.read_bytes() == data:
+            return dest  # already kept
+        dest = session.file(f"poses.orig.{n}.json")
+        n += 1
+    os.replace(p, dest)
+    return dest
+
+
+def poses_document(session: Session, poses: np.ndarray, flags: np.ndarray, flag_names: dict[int, str]) -> bytes:
+    entries = [
+        {
+            "timestamp": float(t),
+            "rgbIndex": int(i),
+            "transform": [[float(v) for v in row] for row in T],
+            "flag": flag_names[int(f)],
+        }
+        for t, i, T, f in zip(session.timestamps, session.frames, poses, flags)
+    ]
+    return (json.dumps(entries, allow_nan=False) + "\n").encode()
+
+
+def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_names: dict[int, str],
+                  info: dict[str, Any]) -> dict[str, Any]:
+    """Write poses.json then metadata.json (both atomic). metadata goes last: a crash
+    in between leaves a poses.json whose hash is not recorded, so the next run redoes
+    the session instead of trusting it."""
+    if not np.all(np.isfinite(poses)):
+        raise ValueError("non-finite pose")
+    kept = keep_foreign_poses(session)
+    doc = poses_document(session, poses, flags, flag_names)
+    _write_keeping_mode(session.file("poses.json"), lambda p: write_bytes(p, doc))
+    md = load_metadata(session)
+    info = dict(info)
+    info["poses_sha256"] = _sha(doc)
+    if kept is not None:
+        info["original_poses"] = kept.name
+    elif isinstance(md.get(KEY), dict) and md[KEY].get("original_poses"):
+        info["original_poses"] = md[KEY]["original_poses"]
+    md[KEY] = info
+    _write_keeping_mode(session.file("metadata.json"), lambda p: write_json(p, _jsonable(md)))
+    return info
+
+
+def _write_keeping_mode(path: Path, write: Callable[[Path], None]) -> None:
+    """Atomic writes create 0600 temp files; give the result the mode the file had
+    (or the umask default), so replacing a session file never changes who can read it."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    write(path)
+    os.chmod(path, mode)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if np.isfinite(v) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj

@@ -19,6 +19,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600; keep the file's mode or the umask default
     try:
         with os.fdopen(fd, mode) as f:
             yield f  # type: ignore[misc]
@@ -32,6 +33,15 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
             pass
         raise
     _fsync_dir(path.parent)
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _fsync_dir(d: Path) -> None:

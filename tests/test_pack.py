@@ -255,3 +255,16 @@ def test_compression_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path)
     z = out2 / sh["compressed"]["name"]
     assert sha256_file(z) == sh["compressed"]["sha256"]
     assert zstandard.ZstdDecompressor().decompressobj().decompress(z.read_bytes()) == (out2 / sh["name"]).read_bytes()
+
+
+def test_atomic_write_keeps_permissions(tmp_path: Path):
+    from packer.atomic import write_json
+
+    p = tmp_path / "a.json"
+    write_json(p, {"x": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert p.stat().st_mode & 0o777 == 0o666 & ~umask
+    os.chmod(p, 0o640)
+    write_json(p, {"x": 2})
+    assert p.stat().st_mode & 0o777 == 0o640 and json.loads(p.read_text()) == {"x": 2}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -118,7 +117,7 @@ def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_n
         raise ValueError("non-finite pose")
     kept = keep_foreign_poses(session)
     doc = poses_document(session, poses, flags, flag_names)
-    _write_keeping_mode(session.file("poses.json"), lambda p: write_bytes(p, doc))
+    write_bytes(session.file("poses.json"), doc)
     md = load_metadata(session)
     info = dict(info)
     info["poses_sha256"] = _sha(doc)
@@ -127,21 +126,8 @@ def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_n
     elif isinstance(md.get(KEY), dict) and md[KEY].get("original_poses"):
         info["original_poses"] = md[KEY]["original_poses"]
     md[KEY] = info
-    _write_keeping_mode(session.file("metadata.json"), lambda p: write_json(p, _jsonable(md)))
+    write_json(session.file("metadata.json"), _jsonable(md))
     return info
-
-
-def _write_keeping_mode(path: Path, write: Callable[[Path], None]) -> None:
-    """Atomic writes create 0600 temp files; give the result the mode the file had
-    (or the umask default), so replacing a session file never changes who can read it."""
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    write(path)
-    os.chmod(path, mode)
 
 
 def _jsonable(obj: Any) -> Any:

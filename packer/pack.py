@@ -153,27 +153,27 @@ def _drop_session(index: dict[str, Any], out: Path, name: str, delete_files: boo
             (out / n).unlink(missing_ok=True)
 
 
+def _merged(entries: Iterable[dict[str, Any]], key: str) -> RunningStats | None:
+    """Merge one kind of per-session statistics; sessions whose dimension differs
+    from the first (e.g. a different joint set) are left out of the normaliser."""
+    total: RunningStats | None = None
+    for entry in entries:
+        d = entry.get("stats", {}).get(key)
+        if not d:
+            continue
+        part = RunningStats.from_json(d)
+        if total is None:
+            total = part
+        elif len(part.s) == len(total.s):
+            total.merge(part)
+    return total
+
+
 def _finalise_stats(index: dict[str, Any]) -> None:
     """Normalisation statistics over all packed sessions, merged from per-session sums."""
-    astats: RunningStats | None = None
-    pstats: RunningStats | None = None
-    joints: list[str] = []
-    for entry in index["sessions"].values():
-        st = entry.get("stats", {})
-        joints = joints or entry.get("joints", [])
-        if st.get("action"):
-            a = RunningStats.from_json(st["action"])
-            if astats is None:
-                astats = a
-            elif len(a.s) == len(astats.s):
-                astats.merge(a)
-        if st.get("proprio"):
-            p = RunningStats.from_json(st["proprio"])
-            if pstats is None:
-                pstats = p
-            elif len(p.s) == len(pstats.s):
-                pstats.merge(p)
-    index["joints"] = joints
+    sessions = list(index["sessions"].values())
+    astats, pstats = _merged(sessions, "action"), _merged(sessions, "proprio")
+    index["joints"] = next((e["joints"] for e in sessions if e.get("joints")), [])
     index["action_dim"] = len(astats.s) if astats else None
     index["stats"] = {"action": astats.summary() if astats else None,
                       "proprio": pstats.summary() if pstats else None,

@@ -5,36 +5,16 @@
 exit with the code from DESIGN.md."""
 from __future__ import annotations
 
-import functools
 import os
-import sys
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import click
 
-from packer.errors import ShardshipError
-
-F = TypeVar("F", bound=Callable[..., Any])
+from packer.cliutil import friendly_errors
 
 
-def _errors(fn: F) -> F:
-    """ShardshipError -> one line on stderr (prefixed with the rank under torchrun) + exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardshipError as e:
-            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-            prefix = f"rank {os.environ.get('RANK', '0')}: " if world > 1 else ""
-            click.echo(f"error: {prefix}{e}", err=True)
-            sys.exit(int(e.code))
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted: run the same command again to resume from the last checkpoint", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
+_errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
 
 
 def _is_main() -> bool:

@@ -6,13 +6,13 @@ connection, 1 partial (disk full mid-way: verified shards kept).
 """
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import click
+
+from packer.cliutil import friendly_errors
 
 from packer.config import human, load_config, parse_size
 from packer.errors import QuotaError, ShardshipError
@@ -32,19 +32,7 @@ def _common(f: Callable) -> Callable:
     return f
 
 
-def _errors(f: Callable) -> Callable:
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except ShardshipError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(int(e.code))
-        except KeyboardInterrupt:
-            click.echo("interrupted: partial files are kept; rerun the same command to resume", err=True)
-            sys.exit(130)
-
-    return wrapper
+_errors = friendly_errors(interrupted="interrupted: partial files are kept; rerun the same command to resume")
 
 
 def _setup(cluster: str | None, config: Path | None, out: Path | None):

@@ -13,6 +13,8 @@ inherit the result. A shard whose hash differs is refused by name; a shard that 
 shorter than its members say raises a ShardshipError instead of blocking."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import hashlib
 import math
 import os

@@ -135,7 +135,7 @@ def test_foreign_poses_are_kept_and_arkit_is_skipped(tmp_path):
 
 
 def test_rotation_only_session_is_refused_with_reason(tmp_path):
-    d = synth_session(tmp_path, "session_2026-01-01_120003", 60, 5, motion="rotation-only")
+    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")  # 2 s: enough IMU intervals that the refusal is about motion, not length
     r = slam_session(d, fast())
     assert r.failed
     assert "translat" in r.message and ("pure rotation" in r.message or "barely" in r.message), r.message

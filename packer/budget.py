@@ -48,11 +48,12 @@ class Budget:
 
 
 def compute(b: BudgetInputs) -> Budget:
-    n_ckpt = b.keep + 2  # periodic x keep, plus last and best
+    # the trainer's peak: `keep` step files + best + the one being written (last is a hard link)
+    n_ckpt = b.keep + 2
     rows = [
         BudgetRow("packed data", b.packed_bytes, b.packed_files, "shards + index.json"),
         BudgetRow("checkpoints", n_ckpt * b.checkpoint_bytes, n_ckpt,
-                  f"{n_ckpt} x {human(b.checkpoint_bytes)} (last, best, {b.keep} periodic; model+EMA+AdamW)"),
+                  f"{n_ckpt} x {human(b.checkpoint_bytes)} ({b.keep} kept + best + one being written; model+EMA+AdamW)"),
         BudgetRow("normaliser", b.normaliser_bytes, 1, "action/proprio statistics"),
         BudgetRow("logs", b.log_bytes, 20, "metrics JSONL, plots, job logs"),
         BudgetRow("python env", b.env_bytes, b.env_files if b.env_bytes else 0,

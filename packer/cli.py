@@ -162,7 +162,7 @@ def _slam_stage(cfg: Config, quiet: bool):
 @click.option("--quota", default=None, help="Quota to check against, e.g. 10G [cluster quota or 10G].")
 @click.option("--remote", "remote", default=None, metavar="NAME",
               help="Read the live quota from [cluster.NAME] (or local:PATH).")
-@click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 3].")
+@click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 2].")
 @click.option("--env", "env_size", default=None, help="Python env size on the cluster, 0 if a module [4G].")
 @click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key (with --remote).")
 @CONFIG_OPT
@@ -179,13 +179,14 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
     train_cfg = dict(cfg.train)
     try:
         from train.model import checkpoint_bytes
+        from train.trainer import TrainConfig
     except ImportError as e:
         raise ShardshipError(f"cannot size checkpoints: train.model unavailable ({e})") from None
     ckpt = checkpoint_bytes({**train_cfg, "action_dim": index.get("action_dim") or 9,
                              "horizon": index.get("horizon") or 16, "proprio_dim": len(index.get("joints", []))})
     inputs = BudgetInputs(
         packed_bytes=packed, packed_files=len(index["shards"]) + 1, checkpoint_bytes=ckpt,
-        keep=keep if keep is not None else int(train_cfg.get("keep", 3)), quota_bytes=0,
+        keep=keep if keep is not None else int(train_cfg.get("keep", TrainConfig.keep)), quota_bytes=0,
         env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
     )
     source = "default 10G"

@@ -2,6 +2,7 @@
 plain arguments, touches no global state and returns bytes (cheap to pickle)."""
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass
 
@@ -50,15 +51,16 @@ def resize_jpeg(data: bytes, spec: ResizeSpec) -> tuple[bytes, tuple[int, int]]:
     return buf.getvalue(), src_size
 
 
-def process_frame(task: tuple[str, ResizeSpec]) -> tuple[bytes | None, tuple[int, int] | None, str | None]:
-    """Worker entry: (path, spec) -> (jpeg, source size, error). Errors are returned,
-    not raised, so one corrupt frame is reported with its file name instead of
-    tearing down the pool."""
+def process_frame(task: tuple[str, ResizeSpec]) -> tuple[bytes | None, bytes | None, str | None]:
+    """Worker entry: (path, spec) -> (jpeg, sha256 of the source file, error).
+    The digest feeds the session fingerprint (the file is in memory here anyway).
+    Errors are returned, not raised, so one corrupt frame is reported with its
+    file name instead of tearing down the pool."""
     path, spec = task
     try:
         with open(path, "rb") as f:
             data = f.read()
-        jpg, size = resize_jpeg(data, spec)
-        return jpg, size, None
+        jpg, _size = resize_jpeg(data, spec)
+        return jpg, hashlib.sha256(data).digest(), None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         return None, None, f"cannot decode JPEG ({e})"

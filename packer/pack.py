@@ -24,7 +24,7 @@ from packer.actions import POSE_DIMS, RunningStats, action_chunks
 from packer.atomic import remove_stale_temps
 from packer.config import PackOptions, human
 from packer.errors import SessionError, ShardshipError
-from packer.fingerprint import session_fingerprint
+from packer.fingerprint import content_fingerprint, stat_signature
 from packer.imageops import ResizeSpec, process_frame, rescale_intrinsics
 from packer.pilinfo import describe as pil_describe
 from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
@@ -61,7 +61,7 @@ def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
 @dataclass
 class _SessionPlan:
     session: Session
-    fingerprint: str
+    signature: str  # stat signature; the content fingerprint comes from the workers
     keep: np.ndarray  # positions into session.frames kept after stride
     metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
     action_stats: RunningStats | None
@@ -69,9 +69,13 @@ class _SessionPlan:
     joints: list[str]
 
 
-def _plan_session(session: Session, opts: PackOptions, fingerprint: str) -> _SessionPlan:
+def kept_frames(session: Session, opts: PackOptions) -> np.ndarray:
+    return np.arange(0, session.n_frames, max(1, opts.stride))
+
+
+def _plan_session(session: Session, opts: PackOptions, signature: str) -> _SessionPlan:
     """Everything a sample's JSON needs, computed once per session in the main process."""
-    keep = np.arange(0, session.n_frames, max(1, opts.stride))
+    keep = kept_frames(session, opts)
     t = session.timestamps[keep]
     spec = ResizeSpec(opts.size, opts.crop, opts.quality)
     k = rescale_intrinsics(session.intrinsics, RAW_WIDTH, RAW_HEIGHT, spec) if session.intrinsics else None
@@ -111,7 +115,7 @@ def _plan_session(session: Session, opts: PackOptions, fingerprint: str) -> _Ses
             "action": _r(actions[j]) if actions is not None else None,
             "action_mask": mask[j].tolist(),
         })
-    return _SessionPlan(session, fingerprint, keep, metas, astats, pstats, enc.names if enc else [])
+    return _SessionPlan(session, signature, keep, metas, astats, pstats, enc.names if enc else [])
 
 
 def _r(x: np.ndarray) -> list:
@@ -119,10 +123,10 @@ def _r(x: np.ndarray) -> list:
     return np.round(x, 6).tolist()
 
 
-def _session_entry(plan: _SessionPlan, shards: list, raw_bytes: int) -> dict[str, Any]:
+def _session_entry(plan: _SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
     s = plan.session
     return {
-        "fingerprint": plan.fingerprint, "frames": s.n_frames, "samples": len(plan.keep),
+        "fingerprint": fingerprint, "stat_signature": plan.signature, "frames": s.n_frames, "samples": len(plan.keep),
         "raw_bytes": raw_bytes, "packed_bytes": sum(x.bytes for x in shards),
         "shards": [x.name for x in shards], "intrinsics": plan.metas[0]["intrinsics"] if plan.metas else None,
         "pose_metric": plan.metas[0]["pose_metric"] if plan.metas else False,
@@ -132,8 +136,8 @@ def _session_entry(plan: _SessionPlan, shards: list, raw_bytes: int) -> dict[str
     }
 
 
-def _reusable(out: Path, entry: dict[str, Any] | None, index: dict[str, Any], fingerprint: str) -> bool:
-    if not entry or entry.get("fingerprint") != fingerprint:
+def _shards_intact(out: Path, entry: dict[str, Any] | None, index: dict[str, Any]) -> bool:
+    if not entry:
         return False
     by_name = {s["name"]: s for s in index["shards"]}
     for name in entry["shards"]:
@@ -236,12 +240,16 @@ def pack(
     todo: list[_SessionPlan] = []
     for s in sessions:
         try:
-            fp = session_fingerprint(s, options, manifest.VERSION)
+            keep = kept_frames(s, opts)
+            sig = stat_signature(s, keep, options, manifest.VERSION)
             entry = index["sessions"].get(s.name)
-            if _reusable(out, entry, index, fp):
+            if _shards_intact(out, entry, index) and entry is not None and (
+                    entry.get("stat_signature") == sig
+                    or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
+                entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
                 report.reused.append(s.name)
                 continue
-            todo.append(_plan_session(s, opts, fp))
+            todo.append(_plan_session(s, opts, sig))
         except SessionError as e:
             report.failed[s.name] = f"{e.path}: {e.reason}"
 
@@ -302,7 +310,7 @@ def _encode_all(todo: list[_SessionPlan], out: Path, opts: PackOptions, index: d
     bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
     pool = ctx.Pool(workers)
     try:
-        results = pool.imap(process_frame, _tasks(todo, spec), chunksize=8)
+        results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
         for plan in todo:
             _encode_session(plan, results, out, opts, index, report, bar)
     except BaseException:
@@ -322,9 +330,10 @@ def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, i
     s = plan.session
     writer = ShardWriter(out, s.name, opts.shard_bytes)
     error: str | None = None
+    digests: list[bytes] = []
     try:
         for j, i in enumerate(plan.keep):
-            jpg, _size, err = next(results)
+            jpg, digest, err = next(results)
             bar.update(1)
             if error is not None:
                 continue
@@ -332,6 +341,7 @@ def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, i
                 error = f"rgb/{s.frame_paths[i].name}: {err}; re-copy it from the phone or delete the frame"
                 writer.abort()
                 continue
+            digests.append(digest)
             meta = plan.metas[j]
             key = f"{s.name}/{meta['frame']:06d}"
             try:
@@ -348,7 +358,8 @@ def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, i
                     manifest.save(out, index)
                 shards = writer.commit()
                 index["shards"].extend(x.to_json() for x in shards)
-                index["sessions"][s.name] = _session_entry(plan, shards, s.raw_bytes())
+                fp = content_fingerprint(s, plan.keep, pack_options_dict(opts), manifest.VERSION, digests)
+                index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
                 manifest.save(out, index)
                 for stale in out.glob(f"{writer.prefix}-*.tar"):
                     if stale.name not in {x.name for x in shards}:

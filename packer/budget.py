@@ -101,7 +101,7 @@ def render(bud: Budget, quota_source: str) -> str:
     lines.append(f"{'total':<{w}}{human(bud.total):>10}  {bud.total_files:>7}")
     lines.append(f"{'quota':<{w}}{human(bud.quota):>10}  {'' if bud.inode_limit is None else bud.inode_limit:>7}  from {quota_source}")
     if bud.used_other:
-        lines.append(f"{'used now':<{w}}{human(bud.used_other):>10}           already on the cluster")
+        lines.append(f"{'used by others':<{w}}{human(bud.used_other):>10}           on the cluster, not this dataset")
     sign = "-" if bud.headroom < 0 else ""
     inode = "" if bud.inode_headroom is None else bud.inode_headroom
     lines.append(f"{'headroom':<{w}}{sign + human(abs(bud.headroom)):>10}  {inode:>7}  after a 5% safety margin")

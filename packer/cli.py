@@ -191,12 +191,11 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
     )
     source = "default 10G"
     if remote:
-        from transfer import remote_quota
-
-        q = remote_quota(cfg.cluster(remote), accept_new_host_key=accept_new_host_key)
+        q, already = _live_quota(cfg, remote, index, accept_new_host_key)
         if q is None or not q.limit_bytes:
             raise ShardshipError(f"{remote}: no quota found (tried quota, lfs, mmlsquota, df): pass --quota SIZE")
-        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, q.used_bytes or 0
+        # shards already uploaded are in `used` and in the packed-data row: count them once
+        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, max(0, (q.used_bytes or 0) - already)
         inputs.inode_limit, inputs.inodes_used, source = q.inode_limit, q.inode_used or 0, f"{q.source} on {remote}"
     elif quota:
         inputs.quota_bytes, source = parse_size(quota), "--quota"
@@ -213,6 +212,18 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
             click.echo(f"  - {s}", err=True)
         sys.exit(Exit.QUOTA)
     click.echo("fits.")
+
+
+def _live_quota(cfg: Config, name: str, index: dict, accept_new_host_key: bool):
+    """(quota, bytes of this dataset's shards already on the cluster), one connection."""
+    from transfer import connect, live_quota
+
+    with connect(cfg.cluster(name), accept_new_host_key=accept_new_host_key) as r:
+        q = live_quota(r, r.root)
+        present = r.listdir("")
+    already = sum(sh["bytes"] for sh in index["shards"]
+                  if sh["name"] in present and present[sh["name"]].size == sh["bytes"])
+    return q, already
 
 
 from packer.slam_cli import slam as _slam  # noqa: E402

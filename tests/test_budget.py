@@ -64,3 +64,30 @@ def test_cli_exit_codes(tmp_path):
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "run `packer pack` first" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.skipif(not __import__("os").geteuid() == 0, reason="mounting a size-limited tmpfs needs root")
+def test_live_quota_counts_uploaded_shards_once(tmp_path):
+    """budget --remote on a real size-limited filesystem: the live `used` includes
+    shards already uploaded; they must not be counted again as packed data."""
+    pytest.importorskip("train.model")
+    from packer import manifest
+    from packer.cli import _live_quota
+    from packer.config import Config
+    from tests.datasets import make_packed
+
+    out = make_packed(tmp_path, sessions=1, frames=20, seed=2)
+    mnt = tmp_path / "home"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
+    try:
+        up = subprocess.run([sys.executable, "-m", "transfer", "upload", "--cluster", f"local:{mnt}", "--out", str(out),
+                             "--no-progress"], capture_output=True, text=True)
+        assert up.returncode == 0, up.stderr
+        index = manifest.load(out)
+        q, already = _live_quota(Config(), f"local:{mnt}", index, False)
+        assert q.limit_bytes == 32 * M
+        assert already == sum(s["bytes"] for s in index["shards"]) > 0
+        assert q.used_bytes >= already
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

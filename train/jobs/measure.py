@@ -157,7 +157,7 @@ def parse_qhost_mem(text: str) -> int | None:
 def node_memory(remote: Any, spec: JobSpec) -> tuple[int | None, str]:
     """The biggest node's memory as the scheduler reports it (None when it will not say)."""
     if spec.scheduler == "slurm":
-        argv = ["sinfo", "-h", "-o", "%m"] + (["-p", spec.partition] if spec.partition else [])
+        argv = ["sinfo", "-h", "-o", "%m"] + (["-p", spec.cluster.partition] if spec.cluster.partition else [])
         res = remote.run(argv, timeout=60)
         return (parse_sinfo_mem(res.stdout) if res.ok else None), "sinfo"
     res = remote.run(["qhost"], timeout=60)

@@ -34,22 +34,22 @@ def render(spec: JobSpec) -> str:
     lines += header(spec, "Grid Engine (qsub)", log_path(spec, "<JOB_ID>"))
     lines.append("")
     lines.append(f"#$ -N {d(spec.name, 'job name')}")
-    if spec.project:
-        lines.append(f"#$ -P {d(spec.project, 'project')}")
-    if spec.account:
-        lines.append(f"#$ -A {d(spec.account, 'account')}")
-    if spec.queue:
-        lines.append(f"#$ -q {d(spec.queue, 'queue')}")
+    if spec.cluster.project:
+        lines.append(f"#$ -P {d(spec.cluster.project, 'project')}")
+    if spec.cluster.account:
+        lines.append(f"#$ -A {d(spec.cluster.account, 'account')}")
+    if spec.cluster.queue:
+        lines.append(f"#$ -q {d(spec.cluster.queue, 'queue')}")
     lines.append("#$ -S /bin/bash")
     lines.append(f"#$ -pe omp {spec.cpus_per_node}")
     if spec.gpus_per_node:
         lines.append(f"#$ -l gpus={spec.gpus_per_node}")
-        if spec.gpu_c:
-            lines.append(f"#$ -l gpu_c={d(spec.gpu_c, 'gpu_c')}")
-        if spec.gpu_type:
-            lines.append(f"#$ -l gpu_type={d(spec.gpu_type, 'gpu_type')}")
-        if spec.gpu_memory:
-            lines.append(f"#$ -l gpu_memory={d(spec.gpu_memory, 'gpu_memory')}")
+        if spec.cluster.gpu_c:
+            lines.append(f"#$ -l gpu_c={d(spec.cluster.gpu_c, 'gpu_c')}")
+        if spec.cluster.gpu_type:
+            lines.append(f"#$ -l gpu_type={d(spec.cluster.gpu_type, 'gpu_type')}")
+        if spec.cluster.gpu_memory:
+            lines.append(f"#$ -l gpu_memory={d(spec.cluster.gpu_memory, 'gpu_memory')}")
     lines.append(f"#$ -l h_rt={spec.walltime}")
     lines.append("#$ -j y")
     lines.append(f"#$ -o {d(spec.log_dir.rstrip('/') + '/', 'log directory')}")

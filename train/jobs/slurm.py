@@ -35,11 +35,11 @@ def slurm_mem(mem: str) -> str:
 
 
 def gres(spec: JobSpec) -> str | None:
-    if spec.gres:
-        return spec.gres
+    if spec.cluster.gres:
+        return spec.cluster.gres
     if not spec.gpus_per_node:
         return None
-    return f"gpu:{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpu_type else f"gpu:{spec.gpus_per_node}"
+    return f"gpu:{spec.cluster.gpu_type}:{spec.gpus_per_node}" if spec.cluster.gpu_type else f"gpu:{spec.gpus_per_node}"
 
 
 def multinode_launch(spec: JobSpec) -> list[str]:
@@ -66,10 +66,10 @@ def render(spec: JobSpec) -> str:
     lines += header(spec, "SLURM (sbatch)", log_path(spec, "<JOB_ID>"))
     lines.append("")
     lines.append(f"{s} --job-name={d(spec.name, 'job name')}")
-    if spec.account:
-        lines.append(f"{s} --account={d(spec.account, 'account')}")
-    if spec.partition:
-        lines.append(f"{s} --partition={d(spec.partition, 'partition')}")
+    if spec.cluster.account:
+        lines.append(f"{s} --account={d(spec.cluster.account, 'account')}")
+    if spec.cluster.partition:
+        lines.append(f"{s} --partition={d(spec.cluster.partition, 'partition')}")
     if spec.nodes == 1:
         lines.append(f"{s} --nodes=1")
         lines.append(f"{s} --ntasks=1")
@@ -81,8 +81,8 @@ def render(spec: JobSpec) -> str:
     g = gres(spec)
     if g:
         lines.append(f"{s} --gres={d(g, 'gres')}")
-    if spec.constraint:
-        lines.append(f"{s} --constraint={d(spec.constraint, 'constraint')}")
+    if spec.cluster.constraint:
+        lines.append(f"{s} --constraint={d(spec.cluster.constraint, 'constraint')}")
     lines.append(f"{s} --time={spec.walltime}")
     lines.append(f"{s} --output={d(log_path(spec, '%j'), 'log path')}")
     lines.append(f"{s} --open-mode=append")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from packer.config import ClusterConfig, parse_size
@@ -52,16 +52,10 @@ class JobSpec:
     python: str = "python3"
     setup: tuple[str, ...] = ()
     train_args: tuple[str, ...] = ()  # extra `train run` arguments, e.g. ("--max-steps", "100")
-    gpu_c: str | None = None
-    gpu_type: str | None = None
-    gpu_memory: str | None = None
-    gres: str | None = None
-    constraint: str | None = None
-    partition: str | None = None
-    queue: str | None = None
-    account: str | None = None
-    project: str | None = None
     stop_before_s: int = DEFAULT_STOP_BEFORE_S
+    # site-specific pass-through keys (gpu_c, gpu_type, gpu_memory, gres, constraint,
+    # partition, queue, account, project) are read from the cluster config as given
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(name=""), compare=False)
 
     @property
     def ranks(self) -> int:
@@ -240,16 +234,8 @@ def build_spec(
         python=cluster.python or "python3",
         setup=_setup_lines(cluster.setup, where),
         train_args=tuple(train_args),
-        gpu_c=_opt(cluster.gpu_c),
-        gpu_type=_opt(cluster.gpu_type),
-        gpu_memory=_opt(cluster.gpu_memory),
-        gres=_opt(cluster.gres),
-        constraint=_opt(cluster.constraint),
-        partition=_opt(cluster.partition),
-        queue=_opt(cluster.queue),
-        account=_opt(cluster.account),
-        project=_opt(cluster.project),
         stop_before_s=stop_before,
+        cluster=cluster,
     )
 
 
@@ -262,7 +248,3 @@ def _setup_lines(setup: Any, where: str) -> tuple[str, ...]:
         if not isinstance(line, str) or "\n" in line:
             raise ShardshipError(f"{where} setup: {line!r}: give one shell line per list entry")
     return lines
-
-
-def _opt(v: Any) -> str | None:
-    return None if v is None or v == "" else str(v)

@@ -104,19 +104,7 @@ qstat -f | grep -q "all.q@$H .* lx-amd64 *$" || { echo "sge queue not ready"; qs
 echo "sge up after $(( $(date +%s)-T0 ))s"
 
 # ---- the non-root job user (tests submit as this user, as on a real cluster) ----
-id "$CI_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$CI_USER"
-if [ -n "${JOB_PYTHON:-}" ]; then
-  # A venv python is a symlink into e.g. /root/.pyenv: every directory up to the real
-  # interpreter, the venv and the repo needs o+x (search, not list) for the job user.
-  for p in "$(readlink -f "$JOB_PYTHON")" "$JOB_PYTHON" "$REPO/"; do
-    d=$(dirname "$p")
-    while [ "$d" != / ]; do
-      [ -n "$(find "$d" -maxdepth 0 -perm -o+x)" ] || { chmod o+x "$d"; echo "chmod o+x $d"; }
-      d=$(dirname "$d")
-    done
-  done
-  runuser -u "$CI_USER" -- "$JOB_PYTHON" -c 'import sys; print("job user python ok:", sys.version.split()[0])'
-fi
+. "$HERE/job_user.sh"
 
 # ---- smoke test: a 2-slot job as the job user runs and writes its output ----
 D=$(mktemp -d /tmp/sge_smoke.XXXX); chmod 777 "$D"

@@ -95,11 +95,12 @@ def _plan_session(session: Session, opts: PackOptions, signature: str) -> _Sessi
     joints = enc.at(t) if enc is not None else None
     actions, mask = action_chunks(poses, joints, opts.horizon)
 
-    astats = RunningStats(actions.shape[-1]) if actions is not None else None
-    if astats is not None and actions is not None:
+    astats = pstats = None
+    if actions is not None:
+        astats = RunningStats(actions.shape[-1])
         astats.add(actions[mask.astype(bool)])
-    pstats = RunningStats(joints.shape[1]) if joints is not None else None
-    if pstats is not None and joints is not None:
+    if joints is not None:
+        pstats = RunningStats(joints.shape[1])
         pstats.add(joints)
 
     metas = []
@@ -184,11 +185,11 @@ def _finalise_stats(index: dict[str, Any]) -> None:
                       "count": astats.n if astats else 0, "pose_dims": POSE_DIMS}
 
 
-def load_valid_sessions(raw: Path, failed: dict[str, str]) -> list[Session]:
+def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> list[Session]:
     out = []
-    for path in discover(raw):
+    for path in paths:
         try:
-            out.append(load_session(path, check_images=True))
+            out.append(load_session(path, check_images=check_images))
         except SessionError as e:
             failed[path.name] = f"{e.path}: {e.reason}"
     return out
@@ -221,17 +222,19 @@ def pack(
     pil = pil_describe()
     report = PackReport(out=out, pil=pil)
     options = pack_options_dict(opts)
-    old = manifest.load(out, required=False)
-    if old is not None and old.get("options") != options:
-        old = dict(old)  # options changed: every session is stale, shards get rewritten
-    index = old or manifest.empty(options, pil)
+    # Changed options change every session's signature and fingerprint, so all are re-packed.
+    index = manifest.load(out, required=False) or manifest.empty(options, pil)
     index["options"], index["pil"], index["failed"] = options, pil, {}
 
-    sessions = load_valid_sessions(raw, report.failed)
+    paths = discover(raw)
+    sessions = load_valid_sessions(paths, report.failed, check_images=True)
     if prepare is not None and sessions:
         report.failed.update(prepare(sessions))
-        sessions = [s for s in load_valid_sessions(raw, report.failed) if s.name not in report.failed]
-    present = {p.name for p in discover(raw)}
+        # prepare may have rewritten poses.json/metadata.json: read those again (the
+        # frames were checked above and are unchanged)
+        ok = [s.path for s in sessions if s.name not in report.failed]
+        sessions = load_valid_sessions(ok, report.failed, check_images=False)
+    present = {p.name for p in paths}
     for name in list(index["sessions"]):
         if name not in present:
             _drop_session(index, out, name, delete_files=True)
@@ -358,11 +361,12 @@ def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, i
                     manifest.save(out, index)
                 shards = writer.commit()
                 index["shards"].extend(x.to_json() for x in shards)
-                fp = content_fingerprint(s, plan.keep, pack_options_dict(opts), manifest.VERSION, digests)
+                fp = content_fingerprint(s, plan.keep, index["options"], manifest.VERSION, digests)
                 index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
                 manifest.save(out, index)
+                current = {x.name for x in shards}
                 for stale in out.glob(f"{writer.prefix}-*.tar"):
-                    if stale.name not in {x.name for x in shards}:
+                    if stale.name not in current:
                         stale.unlink(missing_ok=True)
                 report.packed.append(s.name)
                 report.images += len(plan.keep)

@@ -33,6 +33,7 @@ class Session:
     intrinsics: tuple[float, float, float, float] | None  # fx fy cx cy at RAW size
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    pose_entries: list[dict[str, Any]] = field(default_factory=list)  # poses.json as read at load time
 
     @property
     def n_frames(self) -> int:
@@ -165,7 +166,8 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
     if not math.isfinite(fps) or fps <= 0:
         raise SessionError(name, "metadata.json", f"fps must be positive, got {metadata.get('fps')!r}")
 
-    timestamps, source = _frame_timestamps(path, name, frames, fps)
+    pose_entries = _read_pose_entries(path, name)
+    timestamps, source = _frame_timestamps(name, frames, fps, pose_entries)
 
     intrinsics = None
     calib = path / "calib.txt"
@@ -178,43 +180,50 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
             raise SessionError(name, "calib.txt", f"expected four positive numbers 'fx fy cx cy', got {vals}")
         intrinsics = (vals[0], vals[1], vals[2], vals[3])
 
-    s = Session(path, name, frames, frame_paths, timestamps, source, fps, intrinsics, metadata, warnings)
+    s = Session(path, name, frames, frame_paths, timestamps, source, fps, intrinsics, metadata, warnings,
+                pose_entries)
     if check_images:
         for p in frame_paths:
             check_jpeg(s, p)
     return s
 
 
-def _frame_timestamps(path: Path, name: str, frames: np.ndarray, fps: float) -> tuple[np.ndarray, str]:
-    """poses.json timestamps when present (keyed by rgbIndex), else index / fps."""
+def _read_pose_entries(path: Path, name: str) -> list[dict[str, Any]]:
+    """poses.json, read once per load: timestamps, poses and SLAM flags all come from it."""
     poses_file = path / "poses.json"
-    if poses_file.exists() and poses_file.stat().st_size > 2:
-        poses = read_json(name, poses_file)
-        if isinstance(poses, list) and poses:
-            by_index: dict[int, float] = {}
-            for i, p in enumerate(poses):
-                try:
-                    by_index[int(p["rgbIndex"])] = float(p["timestamp"])
-                except (KeyError, TypeError, ValueError):
-                    raise SessionError(name, "poses.json", f"entry {i} lacks rgbIndex/timestamp") from None
-            if all(int(f) in by_index for f in frames):
-                t = np.array([by_index[int(f)] for f in frames], dtype=np.float64)
-                _monotonic(name, "poses.json", t, "frame timestamps")
-                return t, "poses.json"
+    if not poses_file.exists() or poses_file.stat().st_size <= 2:
+        return []
+    entries = read_json(name, poses_file)
+    if not isinstance(entries, list):
+        raise SessionError(name, "poses.json", "expected a JSON list of poses")
+    return entries
+
+
+def _frame_timestamps(name: str, frames: np.ndarray, fps: float,
+                      poses: list[dict[str, Any]]) -> tuple[np.ndarray, str]:
+    """poses.json timestamps when present (keyed by rgbIndex), else index / fps."""
+    if poses:
+        by_index: dict[int, float] = {}
+        for i, p in enumerate(poses):
+            try:
+                by_index[int(p["rgbIndex"])] = float(p["timestamp"])
+            except (KeyError, TypeError, ValueError):
+                raise SessionError(name, "poses.json", f"entry {i} lacks rgbIndex/timestamp") from None
+        if all(int(f) in by_index for f in frames):
+            t = np.array([by_index[int(f)] for f in frames], dtype=np.float64)
+            _monotonic(name, "poses.json", t, "frame timestamps")
+            return t, "poses.json"
     t = frames.astype(np.float64) / fps
     return t, "fps"
 
 
 def load_poses(session: Session) -> dict[int, np.ndarray] | None:
     """camera-to-world 4x4 per frame index from poses.json, or None when empty."""
+    if not session.pose_entries:
+        return None
     p = session.file("poses.json")
-    if not p.exists() or p.stat().st_size <= 2:
-        return None
-    data = read_json(session.name, p)
-    if not data:
-        return None
     out: dict[int, np.ndarray] = {}
-    for i, e in enumerate(data):
+    for i, e in enumerate(session.pose_entries):
         m = np.asarray(e.get("transform"), dtype=np.float64)
         if m.shape == (16,):
             m = m.reshape(4, 4)
@@ -227,10 +236,7 @@ def load_poses(session: Session) -> dict[int, np.ndarray] | None:
 def load_pose_flags(session: Session) -> dict[int, str]:
     """Per-frame SLAM flag ("registered" | "interpolated" | "outside") that
     `packer slam` writes into poses.json; empty for poses from elsewhere."""
-    p = session.file("poses.json")
-    if not p.exists() or p.stat().st_size <= 2:
-        return {}
-    return {int(e["rgbIndex"]): str(e["flag"]) for e in read_json(session.name, p) if "flag" in e}
+    return {int(e["rgbIndex"]): str(e["flag"]) for e in session.pose_entries if "flag" in e}
 
 
 def poses_are_metric(session: Session) -> bool:

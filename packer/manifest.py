@@ -31,7 +31,7 @@ def load(directory: str | os.PathLike, *, required: bool = True) -> dict[str, An
         data = json.loads(p.read_text())
     except FileNotFoundError:
         if required:
-            raise ShardshipError(f"{p} not found: run `packer pack` first (or pass --out DIR)") from None
+            raise ShardshipError(f"{p} not found: run `packer pack` first, or point at a packed directory") from None
         return None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardshipError(f"{p} is not valid JSON ({e}); delete it and re-run `packer pack`") from None

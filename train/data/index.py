@@ -8,16 +8,15 @@ per-session metadata (hundreds of entries, not millions) are Python objects."""
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from packer import manifest
 from packer.errors import ShardshipError
 
-INDEX_NAME = "index.json"
 REQUIRED_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "has_action")
 
 
@@ -122,18 +121,11 @@ class ShardIndex:
 
 def load_index(root: str | Path) -> ShardIndex:
     """Read `root/index.json` (FORMAT.md, version 1) into a ShardIndex."""
-    root = Path(root)
-    path = root / INDEX_NAME
-    if not path.is_file():
-        raise ShardshipError(f"{path}: no index.json: pack first (`packer pack --out {root}`) or pass --data DIR")
-    try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardshipError(f"{path}: not valid JSON ({e}); re-run `packer pack`") from None
-    return index_from_doc(doc, root, where=str(path))
+    doc = manifest.load(root)
+    return index_from_doc(doc, Path(root), where=str(Path(root) / manifest.INDEX))
 
 
-def index_from_doc(doc: dict[str, Any], root: Path, where: str = INDEX_NAME) -> ShardIndex:
+def index_from_doc(doc: dict[str, Any], root: Path, where: str = manifest.INDEX) -> ShardIndex:
     if doc.get("format") != "shardship-index" or doc.get("version") != 1:
         raise ShardshipError(f"{where}: not a shardship index version 1 (format={doc.get('format')!r}, "
                              f"version={doc.get('version')!r})")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from packer.config import human
 
@@ -147,15 +147,9 @@ def _row_values(tokens: list[str], size_bare: int) -> tuple[list[int | None], li
 # ---------------------------------------------------------------------------
 
 
-def parse_quota_s(text: str, filesystem: tuple[str, ...] = ()) -> Quota | None:
-    """Linux `quota -s -w` output (or a site wrapper's table, see `parse_scc_quota`).
-
-    `filesystem`: names that identify our filesystem (df device, mount point);
-    when given, only a matching row counts. None: no quota for us here."""
-    scc = parse_scc_quota(text)
-    if scc is not None:
-        return scc
-    rows: list[tuple[str, list[int | None], list[int | None]]] = []
+def _table_rows(text: str) -> Iterator[tuple[str, list[int | None], list[int | None]]]:
+    """(filesystem, sizes, counts) for each row under the `Filesystem` header of
+    `quota -s -w` / `lfs quota` output (sizes in bytes; bare numbers are KiB)."""
     in_table = False
     for line in _unwrap(text.splitlines()):
         tokens = line.split()
@@ -166,7 +160,18 @@ def parse_quota_s(text: str, filesystem: tuple[str, ...] = ()) -> Quota | None:
             continue
         vals = _row_values(tokens[1:], 1024)
         if vals:
-            rows.append((tokens[0], *vals))
+            yield tokens[0], *vals
+
+
+def parse_quota_s(text: str, filesystem: tuple[str, ...] = ()) -> Quota | None:
+    """Linux `quota -s -w` output (or a site wrapper's table, see `parse_scc_quota`).
+
+    `filesystem`: names that identify our filesystem (df device, mount point);
+    when given, only a matching row counts. None: no quota for us here."""
+    scc = parse_scc_quota(text)
+    if scc is not None:
+        return scc
+    rows = list(_table_rows(text))
     if filesystem:
         rows = [r for r in rows if r[0] in filesystem]
     rows = [r for r in rows if _limit(r[1][1], r[1][2]) is not None]
@@ -207,22 +212,11 @@ def parse_scc_quota(text: str) -> Quota | None:
 
 def parse_lfs_quota(text: str) -> Quota | None:
     """Lustre `lfs quota -u USER DIR` (kbytes) or `lfs quota -h` (units) output."""
-    in_table = False
-    for line in _unwrap(text.splitlines()):
-        tokens = line.split()
-        if tokens and tokens[0] == "Filesystem":
-            in_table = True
-            continue
-        if not in_table or line.startswith("Disk quotas"):
-            continue
-        vals = _row_values(tokens[1:], 1024)
-        if not vals:
-            continue
-        sizes, counts = vals
+    for fs, sizes, counts in _table_rows(text):
         if _limit(sizes[1], sizes[2]) is None and _limit(counts[1], counts[2]) is None:
             return None  # Lustre says 0 = no limit: let df answer
         return Quota(_limit(sizes[1], sizes[2]), sizes[0], _limit(counts[1], counts[2]), counts[0], "lfs quota",
-                     filesystem=tokens[0])
+                     filesystem=fs)
     return None
 
 

@@ -14,9 +14,7 @@ never pasted into a command string.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from typing import TYPE_CHECKING, Sequence
 
 from packer.errors import RemoteError
@@ -41,22 +39,6 @@ PY_SHA256 = (
     "        sys.stderr.write('%s: %s\\n' % (p, e.strerror))\n"
     "sys.stdout.write(json.dumps(out))\n"
 )
-
-
-def file_sha256(path: str | os.PathLike, limit: int | None = None) -> str:
-    """sha256 of a local file, or of its first `limit` bytes."""
-    h = hashlib.sha256()
-    left = limit
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            n = 1 << 20 if left is None else min(1 << 20, left)
-            b = f.read(n)
-            if not b:
-                break
-            h.update(b)
-            if left is not None:
-                left -= len(b)
-    return h.hexdigest()
 
 
 def parse_sha256sum(text: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import Exit, RemoteError, ShardshipError
-from transfer.hashing import file_sha256
+from packer.shards import sha256_file
 from transfer.remote import Remote
 
 PART = ".part"
@@ -78,7 +78,7 @@ def pull(remote: Remote, paths: list[str], dest: str | Path, *, progress: bool |
         local = _safe_local(dest, rel)
         o = PullOutcome(full, local, size)
         outcomes.append(o)
-        if local.is_file() and local.stat().st_size == size and file_sha256(local) == hashes[full]:
+        if local.is_file() and local.stat().st_size == size and sha256_file(local) == hashes[full]:
             o.skipped = True
             continue
         todo.append((full, local, size, hashes[full], o))
@@ -110,7 +110,7 @@ def _fetch_one(remote: Remote, full: str, local: Path, size: int, digest: str, o
             o.received += remote.get(full, part, offset, callback=bar.update)
         except OSError as e:
             raise RemoteError(f"{remote.label}: reading {full} failed: {e}; rerun to resume") from None
-        if file_sha256(part) == digest:
+        if sha256_file(part) == digest:
             break
         if attempt == 2:
             part.unlink(missing_ok=True)

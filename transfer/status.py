@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer.config import human
-from transfer.hashing import file_sha256
+from packer.shards import sha256_file
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote
@@ -110,6 +110,6 @@ def local_verify(out_dir: Path, shards: list[ShardFile]) -> list[str]:
     bad = []
     for s in shards:
         p = local_file(out_dir, s.ref)
-        if p is not None and file_sha256(p) != s.sha256:
+        if p is not None and sha256_file(p) != s.sha256:
             bad.append(s.name)
     return bad

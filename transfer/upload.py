@@ -28,7 +28,8 @@ from typing import Any, Callable
 from packer.config import human, parse_size
 from packer.errors import Exit, QuotaError, RemoteError, ShardshipError
 from transfer import unpack
-from transfer.hashing import RemoteHasher, file_sha256
+from packer.shards import sha256_file
+from transfer.hashing import RemoteHasher
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, Step, build_plan
 from transfer.quota import Quota, live_quota
@@ -387,7 +388,7 @@ def _transmit(ctx: _Ctx, step: Step, outcome: ShardOutcome, from_zero: bool = Fa
         if 0 < have <= it.send_bytes:
             have = remote.size(part) or 0
         if 0 < have <= it.send_bytes:
-            if remote.sha256(part) == file_sha256(local, limit=have):
+            if remote.sha256(part) == sha256_file(local, limit=have):
                 offset = have
             else:
                 ctx.say(f"{it.send_name}: the partial upload on the remote does not match the local file; "

@@ -13,13 +13,11 @@ inherit the result. A shard whose hash differs is refused by name; a shard that 
 shorter than its members say raises a ShardshipError instead of blocking."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import hashlib
 import math
 import os
 import sys
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -27,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ShardshipError
+from packer.shards import sha256_file
 from train.data import partition
 from train.data.decode import decode_jpeg, sample_arrays
 from train.data.index import ShardIndex
@@ -64,11 +63,7 @@ def verify_shard(index: ShardIndex, s: int) -> None:
         what = "truncated" if size < expected_size else "larger than expected"
         raise ShardshipError(f"shard {name}: {size} bytes on disk, index.json says {expected_size} ({what}): "
                              "re-upload it (`transfer upload`) or re-pack")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    got = h.hexdigest()
+    got = sha256_file(path, bufsize=_HASH_CHUNK)
     if got != expected_sha:
         raise ShardshipError(f"shard {name}: sha256 {got[:16]}... does not match index.json ({expected_sha[:16]}...): "
                              "the file is corrupt or from another pack; re-upload it (`transfer upload`) or re-pack")

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import click
 
-from packer.cliutil import friendly_errors
+from packer.cliutil import config_option, friendly_errors, host_key_option
 from packer.config import Config, PackOptions, human, load_config, parse_size
 from packer.errors import Exit, SessionError, ShardshipError
 from packer.pilinfo import describe
 
-CONFIG_OPT = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
-                          help="shardship.toml (default: ./shardship.toml if present).")
+CONFIG_OPT = config_option()
 
 
 def _cfg(config_path: str | None) -> Config:
@@ -164,7 +163,7 @@ def _slam_stage(cfg: Config, quiet: bool):
               help="Read the live quota from [cluster.NAME] (or local:PATH).")
 @click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 2].")
 @click.option("--env", "env_size", default=None, help="Python env size on the cluster, 0 if a module [4G].")
-@click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key (with --remote).")
+@host_key_option
 @CONFIG_OPT
 @friendly_errors
 def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:

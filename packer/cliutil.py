@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import click
@@ -39,3 +40,19 @@ def friendly_errors(fn: F | None = None, *, interrupted: str = INTERRUPTED) -> A
         return wrapper  # type: ignore[return-value]
 
     return deco(fn) if fn is not None else deco
+
+
+def config_option(dest: str = "config_path") -> Callable[[F], F]:
+    """--config, the same for every command of every tool."""
+    return click.option("--config", dest, type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        help="shardship.toml (default: ./shardship.toml or $SHARDSHIP_CONFIG).")
+
+
+cluster_option = click.option(
+    "--cluster", default=None, metavar="NAME",
+    help="[cluster.NAME] from shardship.toml (default: the only one), or local:PATH (a directory standing in "
+         "for the remote home).")
+
+host_key_option = click.option(
+    "--accept-new-host-key", is_flag=True,
+    help="Trust and save an unknown SSH host key (a changed key is still refused).")

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from packer.cliutil import friendly_errors
+from packer.cliutil import config_option, friendly_errors
 
 
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
@@ -31,8 +31,7 @@ def main() -> None:
               help="Packed dir with index.json (default: [paths] packed, data/packed).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Checkpoints, metrics, plots (default: [paths] outputs, outputs/).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="shardship.toml to read ([train] section).")
+@config_option()
 @click.option("--max-steps", type=int, default=None,
               help="Stop at this global step (the LR schedule still follows --steps/--epochs); rerun to continue.")
 @click.option("--steps", type=int, default=None, help="Total optimizer steps (schedule length).")
@@ -81,7 +80,7 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
 @main.command(name="eval")
 @click.option("--data", type=click.Path(path_type=Path), default=None, help="Packed dir (default: data/packed).")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Training output dir (default: outputs/).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None)
+@config_option()
 @click.option("--checkpoint", default=None, help="Checkpoint file (default: OUT/best.pt, else OUT/last.pt).")
 @click.option("--max-samples", type=int, default=256, show_default=True, help="Validation samples (0 = all).")
 @click.option("--ddim-steps", type=int, default=None, help="DDIM steps (default: the model config's).")

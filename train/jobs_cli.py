@@ -8,13 +8,9 @@ from pathlib import Path
 
 import click
 
-from packer.cliutil import friendly_errors
+from packer.cliutil import cluster_option, config_option, friendly_errors, host_key_option
 
-_CLUSTER = click.option("--cluster", default=None, metavar="NAME",
-                        help="[cluster.NAME] to use (default: the only one), or local:PATH.")
-_CONFIG = click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
-                       help="shardship.toml to read [./shardship.toml].")
-_HOSTKEY = click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key.")
+_CLUSTER, _CONFIG, _HOSTKEY = cluster_option, config_option(), host_key_option
 
 
 def _load(config_path: str | None, cluster: str | None):

@@ -12,7 +12,7 @@ from typing import Callable
 
 import click
 
-from packer.cliutil import friendly_errors
+from packer.cliutil import cluster_option, config_option, friendly_errors, host_key_option
 
 from packer.config import human, load_config, parse_size
 from packer.errors import QuotaError, ShardshipError
@@ -21,14 +21,11 @@ from transfer.plan import DEFAULT_MARGIN
 
 
 def _common(f: Callable) -> Callable:
-    f = click.option("--accept-new-host-key", is_flag=True,
-                     help="Trust and save an unknown host key (a changed key is still refused).")(f)
+    f = host_key_option(f)
     f = click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Local packed directory (default: paths.packed from the config, data/packed).")(f)
-    f = click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="shardship.toml (default: ./shardship.toml or $SHARDSHIP_CONFIG).")(f)
-    f = click.option("--cluster", "cluster", default=None,
-                     help="[cluster.NAME] from the config, or local:PATH (a directory standing in for the remote home).")(f)
+    f = config_option("config")(f)
+    f = cluster_option(f)
     return f
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from packer.config import human
+from train.retention import peak_checkpoint_files
 
 
 @dataclass
@@ -48,8 +49,7 @@ class Budget:
 
 
 def compute(b: BudgetInputs) -> Budget:
-    # the trainer's peak: `keep` step files + best + the one being written (last is a hard link)
-    n_ckpt = b.keep + 2
+    n_ckpt = peak_checkpoint_files(b.keep)
     rows = [
         BudgetRow("packed data", b.packed_bytes, b.packed_files, "shards + index.json"),
         BudgetRow("checkpoints", n_ckpt * b.checkpoint_bytes, n_ckpt,

@@ -91,3 +91,12 @@ def test_live_quota_counts_uploaded_shards_once(tmp_path):
         assert q.used_bytes >= already
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_budget_and_job_check_count_the_trainers_peak_checkpoints():
+    """keep=0 still peaks at three files (last.pt, its temp during a save, best.pt)."""
+    from train.retention import peak_checkpoint_files
+
+    b = compute(BudgetInputs(packed_bytes=0, packed_files=0, checkpoint_bytes=M, keep=0, quota_bytes=10 * G))
+    assert b.rows[1].bytes == 3 * M == peak_checkpoint_files(0) * M
+    assert peak_checkpoint_files(3) == 5

@@ -563,7 +563,8 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
             data={"root": str(data), "fingerprint": index.fingerprint(), "pose_metric": index.pose_metric})
 
     def save(kind: str) -> None:
-        """kind: 'periodic' (step_N + last) or 'best'."""
+        """kind: 'periodic' (step_N + last) or 'best'. Disk peak of this retention:
+        train.retention.peak_checkpoint_files (budget and job checks size by it)."""
         state = checkpoint_state()
         if state is None:
             return

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from packer.config import human
 from packer.errors import QuotaError, ShardshipError
 from train.jobs.spec import JobSpec
+from train.retention import peak_checkpoint_files
 
 GiB = 1024**3
 # Documented defaults when nothing was measured (see measure.py for measured values):
@@ -117,25 +118,19 @@ def check_walltime(spec: JobSpec, step_seconds: float, step_source: str,
     return out
 
 
-def checkpoint_files(keep: int) -> int:
-    """Checkpoint files the trainer keeps: `keep` step_N.pt (last.pt is a hard link to
-    the newest) + best.pt; with keep = 0 it writes last.pt + best.pt."""
-    return keep + 1 if keep > 0 else 2
-
-
 def check_quota(spec: JobSpec, checkpoint_bytes: int, headroom_bytes: int | None, quota_bytes: int | None,
                 quota_source: str, existing_bytes: int = 0) -> list[Finding]:
     """The checkpoints the run will keep (minus what its outputs already hold) vs the headroom."""
     if headroom_bytes is None:
         return [Finding("warning", "quota", f"no quota known for the remote ({quota_source}): checkpoints "
-                                            f"need about {human(checkpoint_files(spec.keep) * checkpoint_bytes)}")]
-    n = checkpoint_files(spec.keep)
+                                            f"need about {human(peak_checkpoint_files(spec.keep) * checkpoint_bytes)}")]
+    n = peak_checkpoint_files(spec.keep)
     total = n * checkpoint_bytes + LOG_BYTES
     more = max(0, total - existing_bytes)
     margin = int((quota_bytes or 0) * QUOTA_MARGIN)
     if more > headroom_bytes - margin:
         fit_keep = spec.keep
-        while fit_keep > 0 and max(0, checkpoint_files(fit_keep) * checkpoint_bytes + LOG_BYTES - existing_bytes) > \
+        while fit_keep > 0 and max(0, peak_checkpoint_files(fit_keep) * checkpoint_bytes + LOG_BYTES - existing_bytes) > \
                 headroom_bytes - margin:
             fit_keep -= 1
         fix = (f"set [train] keep = {fit_keep}" if fit_keep < spec.keep and fit_keep > 0 else

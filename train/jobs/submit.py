@@ -19,6 +19,7 @@ from packer.errors import RemoteError, ShardshipError
 from train.jobs import checks, measure
 from train.jobs import log_path as job_log_path
 from train.jobs import render
+from train.retention import peak_checkpoint_files
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
@@ -126,7 +127,7 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, 
     else:
         limit, headroom, src = _quota(remote, cluster, spec)
         existing = measure.dir_bytes(remote, spec.out_dir)
-        notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {checks.checkpoint_files(spec.keep)}; "
+        notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {peak_checkpoint_files(spec.keep)}; "
                      f"{'unknown' if headroom is None else f'{headroom / 2**20:.0f} MiB'} free ({src})")
         findings += checks.check_quota(spec, ckpt, headroom, limit, src, existing)
     return findings, notes

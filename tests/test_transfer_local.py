@@ -353,3 +353,33 @@ def test_sigkill_mid_shard_then_rerun_resumes(tmp_path: Path) -> None:
     o = res.outcomes[0]
     assert o.resumed_from == size and o.sent == index["shards"][0]["bytes"] - size
     assert_mirrored(index, home / "shardship", out)
+
+
+class _ShortWritingRemote(LocalRemote):
+    """A file system that accepts every write and then keeps fewer bytes (what NFS
+    does when it reports a full disk only at close and the SFTP server drops that
+    error). Cannot be produced for real here; the uploader must still notice."""
+
+    def __init__(self, *args, short_name: str, **kw):
+        super().__init__(*args, **kw)
+        self.short_name = short_name
+
+    def put(self, local, path, offset=0, callback=None, throttle=None):  # type: ignore[override]
+        sent = super().put(local, path, offset, callback, throttle)
+        if Path(path).name.startswith(self.short_name):
+            full = Path(self.path(path))
+            os.truncate(full, full.stat().st_size - 1000)
+        return sent
+
+
+def test_a_shard_shorter_on_the_remote_than_sent_is_an_error_not_published(packed, tmp_path: Path) -> None:
+    out, index = packed
+    bad = index["shards"][1]["name"]
+    remote = _ShortWritingRemote(str(tmp_path / "home"), "data", short_name=bad)
+    with pytest.raises(Exception) as e:
+        upload(remote, out, progress=False)
+    assert bad in str(e.value) and "bytes on the remote after sending" in str(e.value), str(e.value)
+    root = Path(remote.root)
+    assert not (root / bad).exists()  # never renamed into place
+    assert not (root / "index.json").exists()
+    assert (root / index["shards"][0]["name"]).exists()  # the shard before it was verified and kept

@@ -108,11 +108,12 @@ _SERVICE = (
     "for line in sys.stdin:\n"
     "    p = json.loads(line)\n"
     "    try:\n"
-    "        h = hashlib.sha256()\n"
+    "        h, n = hashlib.sha256(), 0\n"
     "        with open(p, 'rb') as f:\n"
     "            for b in iter(lambda: f.read(1 << 20), b''):\n"
     "                h.update(b)\n"
-    "        out = {'p': p, 'h': h.hexdigest()}\n"
+    "                n += len(b)\n"
+    "        out = {'p': p, 'h': h.hexdigest(), 's': n}\n"
     "    except (IOError, OSError) as e:\n"
     "        out = {'p': p, 'e': str(e.strerror)}\n"
     "    sys.stdout.write(json.dumps(out) + '\\n')\n"
@@ -134,7 +135,10 @@ class RemoteHasher:
             self.proc = remote.start(["python3", "-u", "-c", _BOOT])
             self.proc.write((json.dumps(_SERVICE) + "\n").encode())
 
-    def sha256(self, path: str) -> str:
+    def sha256(self, path: str) -> tuple[str, int | None]:
+        """(sha256, bytes hashed) of a remote file. The size comes with the digest so
+        the uploader needs no separate stat round trip per shard (None: fallback path,
+        where the caller stats)."""
         full = self.remote.path(path)
         if self.proc is not None:
             self.proc.write((json.dumps(full) + "\n").encode())
@@ -142,11 +146,11 @@ class RemoteHasher:
             if line:
                 ans = json.loads(line)
                 if "h" in ans:
-                    return ans["h"]
+                    return ans["h"], ans["s"]
                 raise RemoteError(f"{self.remote.label}: cannot hash {full}: {ans.get('e')}")
             self.proc.close()  # python3 missing or died: one-shot commands from now on
             self.proc = None
-        return self.remote.sha256(full)
+        return self.remote.sha256(full), None
 
     def close(self) -> None:
         if self.proc is not None:

@@ -287,7 +287,7 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
     hasher: list[RemoteHasher] = []  # made in the worker thread, used only there
 
-    def remote_hash(path: str) -> str:
+    def remote_hash(path: str) -> tuple[str, int | None]:
         if not hasher:
             hasher.append(RemoteHasher(remote))
         return hasher[0].sha256(path)
@@ -404,22 +404,30 @@ def _transmit(ctx: _Ctx, step: Step, outcome: ShardOutcome, from_zero: bool = Fa
         ctx.bar.update(n)
 
     ctx.remote.put(local, part, offset, callback=moved, throttle=ctx.throttle)
-    size = remote.size(part)  # NFS may report a full disk only at close, which SFTP servers may not relay
-    if size != it.send_bytes:
-        raise OSError(f"{part} has {size} bytes on the remote after sending {it.send_bytes}")
+
+
+def _check_size(remote: Remote, part: str, size: int | None, expected: int) -> None:
+    """NFS may report a full disk only at close, which SFTP servers may not relay: a
+    short file is a failed write (judged by _handle_failure), not a hash mismatch."""
+    if size is None:
+        size = remote.size(part)
+    if size != expected:
+        raise OSError(f"{part} has {size} bytes on the remote after sending {expected}")
 
 
 def _finish(ctx: _Ctx, step: Step, outcome: ShardOutcome, digest_future: Future) -> None:
     """Verify (retry once from zero on a mismatch), rename into place, unpack a .tar.zst."""
     remote, it = ctx.remote, step.item
     part = it.send_name + PART
-    digest = digest_future.result()
+    digest, size = digest_future.result()
+    _check_size(remote, part, size, it.send_bytes)
     if digest != it.send_sha256:
         ctx.event("verify_mismatch", name=it.send_name, attempt=1, got=digest)
         ctx.say(f"{it.send_name}: sha256 on the remote does not match; sending it again from the start")
         outcome.retried = True
         ctx.bar.total = (ctx.bar.total or 0) + it.send_bytes
         _transmit(ctx, step, outcome, from_zero=True)
+        _check_size(remote, part, None, it.send_bytes)
         digest = remote.sha256(part)
         if digest != it.send_sha256:
             ctx.event("verify_mismatch", name=it.send_name, attempt=2, got=digest)

@@ -59,9 +59,9 @@ def single_core_rate(raw: Path, limit: int = 1000) -> float:
 
 def packer_kernel_rate(raw: Path, limit: int = 1000) -> float:
     """The same work through the packer's worker code (packer.imageops), one core."""
-    from packer.imageops import ResizeSpec, init_worker, resize_jpeg
+    from packer.imageops import ResizeSpec, cache_image_buffers, resize_jpeg
 
-    init_worker()
+    cache_image_buffers()
     spec = ResizeSpec(224, "squash", 85)
     paths = [p for _, fr in _frames(raw) for p in fr][:limit]
     blobs = [p.read_bytes() for p in paths]

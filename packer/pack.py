@@ -25,7 +25,7 @@ from packer.atomic import remove_stale_temps
 from packer.config import PackOptions, human
 from packer.errors import SessionError, ShardshipError
 from packer.fingerprint import content_fingerprint, stat_signature
-from packer.imageops import ResizeSpec, init_worker, process_frame, rescale_intrinsics
+from packer.imageops import ResizeSpec, cache_image_buffers, process_frame, rescale_intrinsics
 from packer.pilinfo import describe as pil_describe
 from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
                             load_session, poses_are_metric)
@@ -311,7 +311,7 @@ def _encode_all(todo: list[_SessionPlan], out: Path, opts: PackOptions, index: d
     # they could trip on. Platforms without fork use spawn.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
-    pool = ctx.Pool(workers, initializer=init_worker)
+    pool = ctx.Pool(workers, initializer=cache_image_buffers)
     try:
         results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
         for plan in todo:

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.errors import ShardshipError
+from packer.imageops import cache_image_buffers
 from packer.shards import sha256_file
 from train.data import partition
 from train.data.decode import decode_jpeg, sample_arrays
@@ -153,6 +154,7 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        cache_image_buffers()
         order = partition.epoch_order(self._counts, self.seed, self.epoch, self.window)
         for positions in self.my_batches(worker, num_workers):
             yield self.load_batch(order, positions)

@@ -51,14 +51,13 @@ def cache_image_buffers(blocks: int = 16) -> None:
 def resize_jpeg(data: bytes, spec: ResizeSpec) -> tuple[bytes, tuple[int, int]]:
     """JPEG bytes in, JPEG bytes of spec.size x spec.size out (+ the source size).
     Phone JPEGs decode to RGB already; converting only other modes skips a full-frame
-    copy. The decoded frame is dropped before encoding so its buffer is reused."""
+    copy."""
     im = Image.open(io.BytesIO(data))
     src_size = im.size
     if im.mode != "RGB":
         im = im.convert("RGB")
     out = im.resize((spec.size, spec.size), Image.BILINEAR, box=crop_box(*src_size, spec.crop))
-    im.close()
-    del im
+    im.close()  # frees the decoded frame's buffer now, for the encode below to reuse
     buf = io.BytesIO()
     out.save(buf, format="JPEG", quality=spec.quality)
     return buf.getvalue(), src_size

@@ -24,17 +24,25 @@ if TYPE_CHECKING:
 
 BATCH = 200  # files per remote command (stays far below ARG_MAX)
 
+# The one file-hashing loop both remote programs below share: (hex, bytes hashed).
+_HASH_FILE = (
+    "def sha256_file(p):\n"
+    "    h, n = hashlib.sha256(), 0\n"
+    "    with open(p, 'rb') as f:\n"
+    "        for b in iter(lambda: f.read(1 << 20), b''):\n"
+    "            h.update(b)\n"
+    "            n += len(b)\n"
+    "    return h.hexdigest(), n\n"
+)
+
 # Runs on the remote with the paths as argv; prints {path: hex} for readable files.
 PY_SHA256 = (
     "import hashlib, json, sys\n"
+    + _HASH_FILE +
     "out = {}\n"
     "for p in sys.argv[1:]:\n"
     "    try:\n"
-    "        h = hashlib.sha256()\n"
-    "        with open(p, 'rb') as f:\n"
-    "            for b in iter(lambda: f.read(1 << 20), b''):\n"
-    "                h.update(b)\n"
-    "        out[p] = h.hexdigest()\n"
+    "        out[p] = sha256_file(p)[0]\n"
     "    except (IOError, OSError) as e:\n"
     "        sys.stderr.write('%s: %s\\n' % (p, e.strerror))\n"
     "sys.stdout.write(json.dumps(out))\n"
@@ -105,15 +113,12 @@ def remote_sha256(remote: "Remote", paths: Sequence[str]) -> dict[str, str]:
 # shells see no newline in it.
 _SERVICE = (
     "import hashlib, json, sys\n"
+    + _HASH_FILE +
     "for line in sys.stdin:\n"
     "    p = json.loads(line)\n"
     "    try:\n"
-    "        h, n = hashlib.sha256(), 0\n"
-    "        with open(p, 'rb') as f:\n"
-    "            for b in iter(lambda: f.read(1 << 20), b''):\n"
-    "                h.update(b)\n"
-    "                n += len(b)\n"
-    "        out = {'p': p, 'h': h.hexdigest(), 's': n}\n"
+    "        h, n = sha256_file(p)\n"
+    "        out = {'p': p, 'h': h, 's': n}\n"
     "    except (IOError, OSError) as e:\n"
     "        out = {'p': p, 'e': str(e.strerror)}\n"
     "    sys.stdout.write(json.dumps(out) + '\\n')\n"

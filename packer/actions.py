@@ -38,26 +38,53 @@ def action_chunks(
     return np.concatenate(parts, axis=-1), mask
 
 
+def runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) of every run of True in a 1-D bool array."""
+    f = np.concatenate([[False], np.asarray(flags, bool), [False]])
+    d = np.diff(f.astype(np.int8))
+    return list(zip(np.nonzero(d == 1)[0].tolist(), np.nonzero(d == -1)[0].tolist()))
+
+
+def segmented_chunks(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray,
+                     horizon: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """action_chunks over each run of frames that have a pose, so a chunk never
+    reaches across a frame without one (a partial poses.json from another tool).
+    Frames without a pose get zeros and mask 0; None when no frame has a pose."""
+    n = len(posed)
+    mask = np.zeros((n, horizon), np.uint8)
+    if poses is None or not np.any(posed):
+        return None, mask
+    out = np.zeros((n, horizon, POSE_DIMS + joints.shape[1]))
+    for a, b in runs(posed):
+        act, m = action_chunks(poses[a:b], joints[a:b], horizon)
+        assert act is not None
+        out[a:b], mask[a:b] = act, m
+    return out, mask
+
+
 class RunningStats:
     """Mergeable per-dimension count/sum/sumsq/min/max: each session keeps its own,
-    so an unchanged session's statistics are reused without re-reading it."""
+    so an unchanged session's statistics are reused without re-reading it. Counts are
+    per dimension because a session without the glove adds its pose dimensions only."""
 
     def __init__(self, dim: int):
-        self.n = 0
+        self.n = np.zeros(dim, dtype=np.int64)
         self.s = np.zeros(dim)
         self.ss = np.zeros(dim)
         self.lo = np.full(dim, np.inf)
         self.hi = np.full(dim, -np.inf)
 
-    def add(self, x: np.ndarray) -> None:
+    def add(self, x: np.ndarray, dims: np.ndarray | None = None) -> None:
+        """Add rows of x; `dims` (bool per dimension) limits which dimensions count."""
         x = x.reshape(-1, self.s.shape[0])
         if not len(x):
             return
-        self.n += len(x)
-        self.s += x.sum(0)
-        self.ss += (x * x).sum(0)
-        self.lo = np.minimum(self.lo, x.min(0))
-        self.hi = np.maximum(self.hi, x.max(0))
+        use = np.ones(self.s.shape[0], bool) if dims is None else np.asarray(dims, bool)
+        self.n += len(x) * use
+        self.s += np.where(use, x.sum(0), 0.0)
+        self.ss += np.where(use, (x * x).sum(0), 0.0)
+        self.lo = np.where(use, np.minimum(self.lo, x.min(0)), self.lo)
+        self.hi = np.where(use, np.maximum(self.hi, x.max(0)), self.hi)
 
     def merge(self, other: "RunningStats") -> None:
         self.n += other.n
@@ -66,21 +93,35 @@ class RunningStats:
         self.lo = np.minimum(self.lo, other.lo)
         self.hi = np.maximum(self.hi, other.hi)
 
+    @property
+    def count(self) -> int:
+        """Rows seen by the dimension seen most."""
+        return int(self.n.max()) if len(self.n) else 0
+
     def to_json(self) -> dict:
-        return {"n": self.n, "sum": self.s.tolist(), "sumsq": self.ss.tolist(),
-                "min": self.lo.tolist() if self.n else [], "max": self.hi.tolist() if self.n else []}
+        seen = self.n > 0
+        return {"n": self.n.tolist(), "sum": self.s.tolist(), "sumsq": self.ss.tolist(),
+                "min": np.where(seen, self.lo, 0.0).tolist(), "max": np.where(seen, self.hi, 0.0).tolist()}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunningStats":
         r = cls(len(d["sum"]))
-        r.n, r.s, r.ss = d["n"], np.array(d["sum"]), np.array(d["sumsq"])
-        if r.n:
-            r.lo, r.hi = np.array(d["min"]), np.array(d["max"])
+        r.n = np.broadcast_to(np.asarray(d["n"], dtype=np.int64), r.s.shape).copy()
+        r.s, r.ss = np.array(d["sum"], dtype=np.float64), np.array(d["sumsq"], dtype=np.float64)
+        if len(d.get("min") or []) == len(r.s):
+            seen = r.n > 0
+            r.lo = np.where(seen, np.array(d["min"], dtype=np.float64), np.inf)
+            r.hi = np.where(seen, np.array(d["max"], dtype=np.float64), -np.inf)
         return r
 
     def summary(self) -> dict:
-        if not self.n:
+        """mean/std/min/max per dimension; a dimension nothing was seen for gets
+        mean 0, std 1 (an identity normaliser) and min = max = 0."""
+        if not self.count:
             return {"mean": [], "std": [], "min": [], "max": []}
-        mean = self.s / self.n
-        var = np.maximum(self.ss / self.n - mean * mean, 0.0)
-        return {"mean": mean.tolist(), "std": np.sqrt(var).tolist(), "min": self.lo.tolist(), "max": self.hi.tolist()}
+        seen = self.n > 0
+        n = np.maximum(self.n, 1)
+        mean = np.where(seen, self.s / n, 0.0)
+        var = np.where(seen, np.maximum(self.ss / n - mean * mean, 0.0), 1.0)
+        return {"mean": mean.tolist(), "std": np.sqrt(var).tolist(), "min": np.where(seen, self.lo, 0.0).tolist(),
+                "max": np.where(seen, self.hi, 0.0).tolist(), "count": self.n.tolist()}

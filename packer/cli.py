@@ -43,28 +43,34 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
     click.echo(f"PIL: {describe()}")
     if pil:
         return
-    from packer.session import discover, load_imu, load_session
+    from packer.describe import describe as describe_session
+    from packer.intake import extract_all
+    from packer.session import discover, load_session
 
     cfg = _cfg(config_path)
     root = Path(raw) if raw else cfg.raw
-    bad = 0
+    discover(root)  # a clear error when the directory is missing
+    unzipped, bad_zips = extract_all(root)
+    for e in unzipped:
+        if e.status == "extracted":
+            click.echo(f"unzip {e.zip_path.name} -> {e.session_dir.name}/"
+                       + (" (metadata.json from the sidecar)" if e.sidecar_used else ""))
+    for z, why in sorted(bad_zips.items()):
+        click.echo(f"FAIL  {z}: {why}")
     paths = discover(root)
-    if not paths:
-        raise ShardshipError(f"no sessions under {root}: copy session_* folders there or run `packer synth`")
+    if not paths and not bad_zips:
+        raise ShardshipError(f"no sessions under {root}: copy the app's session_*.zip exports (or session_* folders) "
+                             "there, or run `packer synth`")
+    bad = len(bad_zips)
     for p in paths:
         try:
-            s = load_session(p, check_images=True)
-            imu = "no imu.json"
-            if s.file("imu.json").exists():
-                i = load_imu(s)
-                imu = f"IMU {len(i.t)} samples {i.t[-1] - i.t[0]:.1f}s"
-            extra = "".join(f"\n    warning: {w}" for w in s.warnings)
-            click.echo(f"ok    {s.name}: {s.n_frames} frames, {s.timestamps[-1] - s.timestamps[0]:.1f}s "
-                       f"(timestamps from {s.timestamp_source}), {imu}{extra}")
+            head, lines = describe_session(load_session(p, check_images=True))
+            click.echo(f"ok    {p.name}: {head}" + "".join(f"\n        {x}" for x in lines))
         except SessionError as e:
             bad += 1
             click.echo(f"FAIL  {e}")
-    click.echo(f"{len(paths) - bad} of {len(paths)} sessions ok")
+    total = len(paths) + len(bad_zips)
+    click.echo(f"{total - bad} of {total} sessions ok")
     sys.exit(Exit.PARTIAL if bad else Exit.OK)
 
 
@@ -126,9 +132,17 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     click.echo(f"PIL: {describe()}")
     prepare = _slam_stage(cfg, quiet) if slam else None
     r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare)
+    for name in r.extracted:
+        click.echo(f"unzipped {name}.zip -> {name}/")
+    for name, ws in sorted(r.warnings.items()):
+        for w in ws:
+            click.echo(f"warn  session {name}: {w}", err=True)
     for name, why in sorted(r.failed.items()):
         click.echo(f"FAIL  session {name}: {why}", err=True)
     n_ok = len(r.packed) + len(r.reused)
+    if not n_ok and not r.failed:
+        raise ShardshipError(f"no sessions under {raw_dir}: copy the app's session_*.zip exports (or session_* "
+                             "folders) there, or run `packer synth`")
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
     click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")

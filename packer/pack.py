@@ -20,11 +20,14 @@ import numpy as np
 from tqdm import tqdm
 
 from packer import manifest
-from packer.actions import POSE_DIMS, RunningStats, action_chunks
+from packer.actions import POSE_DIMS, RunningStats, segmented_chunks
+from packer.clock import FrameClock, frame_clock
+from packer.encoders import JOINTS, UNITS, coverage
 from packer.atomic import remove_stale_temps
 from packer.config import PackOptions, human
 from packer.errors import SessionError, ShardshipError
 from packer.fingerprint import content_fingerprint, stat_signature
+from packer.intake import extract_all
 from packer.imageops import ResizeSpec, cache_image_buffers, process_frame, rescale_intrinsics
 from packer.pilinfo import describe as pil_describe
 from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
@@ -39,6 +42,8 @@ class PackReport:
     reused: list[str] = field(default_factory=list)  # unchanged, kept
     failed: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    extracted: list[str] = field(default_factory=list)  # zip exports unpacked this run
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # per session, packed or kept
     raw_bytes: int = 0
     packed_bytes: int = 0
     images: int = 0  # frames encoded this run
@@ -49,6 +54,9 @@ class PackReport:
     @property
     def saving(self) -> float:
         return 1.0 - self.packed_bytes / self.raw_bytes if self.raw_bytes else 0.0
+
+
+MIN_ENCODER_COVERAGE = 0.5  # below this the joints would mostly be held values: refuse
 
 
 def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
@@ -66,7 +74,9 @@ class _SessionPlan:
     metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
     action_stats: RunningStats | None
     proprio_stats: RunningStats | None
-    joints: list[str]
+    joints_valid: bool
+    clock: dict[str, Any]
+    frames_without_pose: int
 
 
 def kept_frames(session: Session, opts: PackOptions) -> np.ndarray:
@@ -77,46 +87,80 @@ def _plan_session(session: Session, opts: PackOptions, signature: str) -> _Sessi
     """Everything a sample's JSON needs, computed once per session in the main process."""
     keep = kept_frames(session, opts)
     t = session.timestamps[keep]
+    idx = [int(session.frames[i]) for i in keep]
     spec = ResizeSpec(opts.size, opts.crop, opts.quality)
     k = rescale_intrinsics(session.intrinsics, RAW_WIDTH, RAW_HEIGHT, spec) if session.intrinsics else None
 
-    poses = None
-    metric = poses_are_metric(session)
-    interpolated = {i for i, flag in load_pose_flags(session).items() if flag != "registered"}
     by_index = load_poses(session)
-    if by_index is not None:
-        idx = [int(session.frames[i]) for i in keep]
-        if all(i in by_index for i in idx):
-            poses = np.stack([by_index[i] for i in idx])
-        else:
-            missing = sum(i not in by_index for i in idx)
-            session.warnings.append(f"poses.json lacks {missing} frame(s): packing without poses")
-    enc = load_encoders(session)
-    joints = enc.at(t) if enc is not None else None
-    actions, mask = action_chunks(poses, joints, opts.horizon)
+    flags = load_pose_flags(session)
+    posed = np.array([by_index is not None and i in by_index for i in idx], dtype=bool)
+    clock = frame_clock(session, by_index)
+    joints, joints_valid = _joints(session, clock, t)
+    poses = np.stack([by_index[i] if p else np.eye(4) for i, p in zip(idx, posed)]) if posed.any() else None
+    actions, mask = segmented_chunks(poses, posed, joints, opts.horizon)
+    if posed.any() and not posed.all():
+        session.warnings.append(
+            f"poses.json covers frames {idx[int(np.argmax(posed))]}-{idx[len(idx) - 1 - int(np.argmax(posed[::-1]))]}"
+            f" of {idx[0]}-{idx[-1]}: {int((~posed).sum())} frame(s) outside get no pose and no action")
 
+    dims = np.ones(POSE_DIMS + len(JOINTS), bool)
+    dims[POSE_DIMS:] = joints_valid
     astats = pstats = None
     if actions is not None:
         astats = RunningStats(actions.shape[-1])
-        astats.add(actions[mask.astype(bool)])
-    if joints is not None:
-        pstats = RunningStats(joints.shape[1])
+        astats.add(actions[posed][mask[posed].astype(bool)], dims)
+    if joints_valid:
+        pstats = RunningStats(len(JOINTS))
         pstats.add(joints)
 
+    metric = bool(poses_are_metric(session) and poses is not None)
     metas = []
-    for j, i in enumerate(keep):
-        frame = int(session.frames[i])
+    for j, frame in enumerate(idx):
         metas.append({
             "session": session.name, "frame": frame, "timestamp": float(t[j]),
             "image_size": [opts.size, opts.size], "intrinsics": k,
-            "pose": _r(poses[j]) if poses is not None else None,
-            "pose_metric": bool(metric and poses is not None),
-            "interpolated": frame in interpolated,
-            "proprio": _r(joints[j]) if joints is not None else [],
-            "action": _r(actions[j]) if actions is not None else None,
+            "pose": _r(poses[j]) if posed[j] else None,
+            "pose_metric": metric and bool(posed[j]),
+            "pose_flag": flags.get(frame, "given") if posed[j] else ("outside" if poses is not None else None),
+            "interpolated": flags.get(frame, "registered") != "registered" if posed[j] else False,
+            "proprio": _r(joints[j]),
+            "joints_valid": joints_valid,
+            "action": _r(actions[j]) if actions is not None and posed[j] else None,
             "action_mask": mask[j].tolist(),
         })
-    return _SessionPlan(session, signature, keep, metas, astats, pstats, enc.names if enc else [])
+    return _SessionPlan(session, signature, keep, metas, astats, pstats, joints_valid, clock.to_json(),
+                        int((~posed).sum()) if poses is not None else len(idx))
+
+
+def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(N, 4) joint angles in degrees at the kept frames' times, and whether they are
+    real. Without a usable glove recording the joints are zeros and masked, so the
+    session still packs with the same action layout as the others."""
+    zeros = np.zeros((len(t), len(JOINTS)))
+    enc = load_encoders(session)
+    if enc is None:
+        session.warnings.append("no encoders.json (the glove was not connected): joints masked")
+        return zeros, False
+    session.warnings.extend(enc.warnings)
+    if not enc.valid:
+        return zeros, False
+    if clock.frame0_epoch is None:
+        session.warnings.append("encoders.json: no clock to place the readings on the frames "
+                                "(no imu.json, no startTime): joints masked")
+        return zeros, False
+    epoch = clock.epoch(t)
+    cov = coverage(enc, epoch)
+    lo, hi = enc.span
+    if cov < MIN_ENCODER_COVERAGE:
+        raise session.error(
+            "encoders.json",
+            f"the readings ({lo - clock.frame0_epoch:+.2f} s to {hi - clock.frame0_epoch:+.2f} s from frame 0, "
+            f"placed by {clock.source}) cover {cov:.0%} of the video: the clocks disagree, so every joint would be "
+            "wrong; fix the timestamps, or remove encoders.json to pack with joints masked")
+    if cov < 0.95:
+        session.warnings.append(f"encoders.json covers {cov:.0%} of the video: joints held at the first/last reading "
+                                "outside it")
+    return enc.at(epoch), True
 
 
 def _r(x: np.ndarray) -> list:
@@ -130,8 +174,10 @@ def _session_entry(plan: _SessionPlan, fingerprint: str, shards: list, raw_bytes
         "fingerprint": fingerprint, "stat_signature": plan.signature, "frames": s.n_frames, "samples": len(plan.keep),
         "raw_bytes": raw_bytes, "packed_bytes": sum(x.bytes for x in shards),
         "shards": [x.name for x in shards], "intrinsics": plan.metas[0]["intrinsics"] if plan.metas else None,
-        "pose_metric": plan.metas[0]["pose_metric"] if plan.metas else False,
-        "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": plan.joints,
+        "pose_metric": any(m["pose_metric"] for m in plan.metas),
+        "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": list(JOINTS),
+        "joints_valid": plan.joints_valid, "capture": s.capture, "fps": s.fps, "fps_source": s.fps_source,
+        "pose_source": s.pose_source, "frames_without_pose": plan.frames_without_pose, "clock": plan.clock,
         "stats": {"action": plan.action_stats.to_json() if plan.action_stats else None,
                   "proprio": plan.proprio_stats.to_json() if plan.proprio_stats else None},
     }
@@ -160,7 +206,7 @@ def _drop_session(index: dict[str, Any], out: Path, name: str, delete_files: boo
 
 def _merged(entries: Iterable[dict[str, Any]], key: str) -> RunningStats | None:
     """Merge one kind of per-session statistics; sessions whose dimension differs
-    from the first (e.g. a different joint set) are left out of the normaliser."""
+    from the first (packed by an older layout) are left out of the normaliser."""
     total: RunningStats | None = None
     for entry in entries:
         d = entry.get("stats", {}).get(key)
@@ -178,11 +224,11 @@ def _finalise_stats(index: dict[str, Any]) -> None:
     """Normalisation statistics over all packed sessions, merged from per-session sums."""
     sessions = list(index["sessions"].values())
     astats, pstats = _merged(sessions, "action"), _merged(sessions, "proprio")
-    index["joints"] = next((e["joints"] for e in sessions if e.get("joints")), [])
-    index["action_dim"] = len(astats.s) if astats else None
+    index["joints"], index["joint_units"] = list(JOINTS), UNITS
+    index["action_dim"] = POSE_DIMS + len(JOINTS)
     index["stats"] = {"action": astats.summary() if astats else None,
                       "proprio": pstats.summary() if pstats else None,
-                      "count": astats.n if astats else 0, "pose_dims": POSE_DIMS}
+                      "count": astats.count if astats else 0, "pose_dims": POSE_DIMS}
 
 
 def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> list[Session]:
@@ -226,6 +272,9 @@ def pack(
     index = manifest.load(out, required=False) or manifest.empty(options, pil)
     index["options"], index["pil"], index["failed"] = options, pil, {}
 
+    unzipped, bad_zips = extract_all(raw)
+    report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
+    report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
     paths = discover(raw)
     sessions = load_valid_sessions(paths, report.failed, check_images=True)
     if prepare is not None and sessions:
@@ -251,6 +300,8 @@ def pack(
                     or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
                 entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
                 report.reused.append(s.name)
+                if entry.get("warnings"):
+                    report.warnings[s.name] = list(entry["warnings"])
                 continue
             todo.append(_plan_session(s, opts, sig))
         except SessionError as e:
@@ -370,6 +421,8 @@ def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, i
                         stale.unlink(missing_ok=True)
                 report.packed.append(s.name)
                 report.images += len(plan.keep)
+                if s.warnings:
+                    report.warnings[s.name] = list(s.warnings)
             except OSError as e:
                 writer.abort()
                 error = _disk_error(e, out)

@@ -1,9 +1,11 @@
-"""A StackCapture v3 session on disk: discovery, validation, timestamps, intrinsics.
+"""A StackCapture session on disk, as the app writes it: discovery, validation,
+the frame clock, intrinsics, poses and who wrote them.
 
 Everything here reads; nothing writes. A problem is a `SessionError` naming the
 session, the file and the reason, so one bad session never stops the others."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -13,27 +15,40 @@ from typing import Any
 
 import numpy as np
 
+from packer.encoders import EncoderFormatError, Encoders
+from packer.encoders import from_rows as encoders_from_rows
 from packer.errors import SessionError
+from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
 
 RAW_WIDTH, RAW_HEIGHT = 480, 360
-DEFAULT_FPS = 60.0
 MIN_FRAMES = 2
 SHIPPED_NEVER = ("video.mov", "imu.json")  # raw-only: never packed
+
+
+CAPTURE_ULTRAWIDE, CAPTURE_ARKIT = "ultrawide", "arkit"
+# ARKit camera axes (x right, y up, z back) -> OpenCV (x right, y down, z forward)
+ARKIT_TO_OPENCV = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
 @dataclass
 class Session:
     path: Path
     name: str
-    frames: np.ndarray  # int64 frame indices (file stems), sorted
+    frames: np.ndarray  # int64 frame indices (file stems), sorted; a failed encode leaves a gap
     frame_paths: list[Path]
-    timestamps: np.ndarray  # float64 seconds, one per frame, strictly increasing
-    timestamp_source: str  # "poses.json" | "fps"
+    timestamps: np.ndarray  # frame clock: float64 seconds since frame index 0, strictly increasing
+    timestamp_source: str  # "index/fps" | "poses.json" (ARKit: the phone's boot clock)
     fps: float
     intrinsics: tuple[float, float, float, float] | None  # fx fy cx cy at RAW size
     metadata: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     pose_entries: list[dict[str, Any]] = field(default_factory=list)  # poses.json as read at load time
+    capture: str = CAPTURE_ULTRAWIDE  # "ultrawide" | "arkit"
+    fps_source: str = "default"
+    pose_source: str | None = None  # see poses_provenance()
+    imu: "Imu | None" = None  # imu.json, read once at load (None when absent)
+    frame0_epoch: float | None = None  # first guess; packer.clock refines it
+    frame0_source: str = ""
 
     @property
     def n_frames(self) -> int:
@@ -49,7 +64,8 @@ class Session:
 
     @property
     def capture_source(self) -> str:
-        return str(self.metadata.get("captureSource", ""))
+        """The normalised capture mode (goes into the SLAM fingerprint)."""
+        return self.capture
 
     def raw_bytes(self) -> int:
         """Every byte of the session directory (what a naive upload would send)."""
@@ -161,76 +177,184 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
         if not isinstance(metadata, dict):
             raise SessionError(name, "metadata.json", "expected a JSON object")
     else:
-        warnings.append(f"metadata.json missing: assuming {DEFAULT_FPS:g} fps, {RAW_WIDTH}x{RAW_HEIGHT}")
-    fps = float(metadata.get("fps", DEFAULT_FPS) or DEFAULT_FPS)
-    if not math.isfinite(fps) or fps <= 0:
-        raise SessionError(name, "metadata.json", f"fps must be positive, got {metadata.get('fps')!r}")
+        warnings.append("metadata.json missing: capture mode and start time unknown")
 
-    pose_entries = _read_pose_entries(path, name)
-    timestamps, source = _frame_timestamps(name, frames, fps, pose_entries)
-
-    intrinsics = None
-    calib = path / "calib.txt"
-    if calib.exists():
-        try:
-            vals = [float(x) for x in calib.read_text().split()]
-        except ValueError:
-            raise SessionError(name, "calib.txt", "expected four numbers 'fx fy cx cy'") from None
-        if len(vals) != 4 or not all(math.isfinite(v) and v > 0 for v in vals):
-            raise SessionError(name, "calib.txt", f"expected four positive numbers 'fx fy cx cy', got {vals}")
-        intrinsics = (vals[0], vals[1], vals[2], vals[3])
-
-    s = Session(path, name, frames, frame_paths, timestamps, source, fps, intrinsics, metadata, warnings,
-                pose_entries)
+    raw_poses = _read_pose_entries(path, name)
+    pose_entries = raw_poses[1]
+    capture = capture_mode(metadata, bool(pose_entries), (path / "imu.json").exists())
+    s = Session(path, name, frames, frame_paths, np.zeros(0), "", DEFAULT_FPS, _read_calib(path, name),
+                metadata, warnings, pose_entries, capture)
+    s.pose_source = poses_provenance(metadata, pose_entries, raw_poses[0], capture)
+    if (path / "imu.json").exists():
+        s.imu = load_imu(s)
+    _frame_clock(s)
     if check_images:
         for p in frame_paths:
             check_jpeg(s, p)
     return s
 
 
-def _read_pose_entries(path: Path, name: str) -> list[dict[str, Any]]:
-    """poses.json, read once per load: timestamps, poses and SLAM flags all come from it."""
+def capture_mode(metadata: dict[str, Any], has_poses: bool, has_imu: bool) -> str:
+    """"arkit" for the app's ARKit mode (poses recorded by ARKit, metric, ARKit axes,
+    boot clock), else "ultrawide" (frames + IMU, poses from SLAM later). The first
+    app version wrote no captureSource: poses without an IMU mean ARKit there."""
+    src = str(metadata.get("captureSource") or "")
+    if src in ("iphone_arkit", "ARKit"):
+        return CAPTURE_ARKIT
+    if not src and has_poses and not has_imu:
+        return CAPTURE_ARKIT
+    return CAPTURE_ULTRAWIDE
+
+
+def poses_provenance(metadata: dict[str, Any], entries: list[dict[str, Any]], sha256: str | None,
+                     capture: str) -> str | None:
+    """Who wrote poses.json, which decides whether they are metric:
+    "arkit" (metric), "shardship" (our SLAM: metric unless --scale none),
+    "user-calibrated" (the user's run_slam.py + calibrate_scale.py: slamProcessed and
+    scale_factor, metric), "user-slam" (slamProcessed, no scale: SfM units),
+    "foreign" (unknown writer, not trusted as metric); None when there are none."""
+    if not entries:
+        return None
+    ours = metadata.get("shardship")
+    if isinstance(ours, dict) and sha256 is not None and ours.get("poses_sha256") == sha256:
+        return "shardship"
+    if capture == CAPTURE_ARKIT:
+        return "arkit"
+    if metadata.get("slamProcessed") is True:
+        sf = metadata.get("scale_factor")
+        return "user-calibrated" if isinstance(sf, (int, float)) and math.isfinite(sf) and sf > 0 else "user-slam"
+    return "foreign"
+
+
+def _read_calib(path: Path, name: str) -> tuple[float, float, float, float] | None:
+    calib = path / "calib.txt"
+    if not calib.exists():
+        return None
+    try:
+        vals = [float(x) for x in calib.read_text().split()]
+    except (ValueError, UnicodeDecodeError):
+        raise SessionError(name, "calib.txt", "expected four numbers 'fx fy cx cy'") from None
+    if len(vals) != 4 or not all(math.isfinite(v) and v > 0 for v in vals):
+        raise SessionError(name, "calib.txt", f"expected four positive numbers 'fx fy cx cy', got {vals}")
+    return vals[0], vals[1], vals[2], vals[3]
+
+
+def _read_pose_entries(path: Path, name: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(sha256 of the bytes, entries sorted by rgbIndex) of poses.json, read once per
+    load: timestamps, poses, provenance and SLAM flags all come from it."""
     poses_file = path / "poses.json"
-    if not poses_file.exists() or poses_file.stat().st_size <= 2:
-        return []
-    entries = read_json(name, poses_file)
+    if not poses_file.exists():
+        return None, []
+    data = poses_file.read_bytes()
+    entries = read_json(name, poses_file) if data.strip() else []
     if not isinstance(entries, list):
         raise SessionError(name, "poses.json", "expected a JSON list of poses")
-    return entries
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "rgbIndex" not in e or "transform" not in e:
+            raise SessionError(name, "poses.json", f"entry {i} lacks rgbIndex/transform")
+        try:
+            e["rgbIndex"] = int(e["rgbIndex"])
+        except (TypeError, ValueError):
+            raise SessionError(name, "poses.json", f"entry {i}: rgbIndex is not an integer") from None
+    entries.sort(key=lambda e: e["rgbIndex"])  # the app's async writer may store them out of order
+    return hashlib.sha256(data).hexdigest(), entries
 
 
-def _frame_timestamps(name: str, frames: np.ndarray, fps: float,
-                      poses: list[dict[str, Any]]) -> tuple[np.ndarray, str]:
-    """poses.json timestamps when present (keyed by rgbIndex), else index / fps."""
-    if poses:
-        by_index: dict[int, float] = {}
-        for i, p in enumerate(poses):
-            try:
-                by_index[int(p["rgbIndex"])] = float(p["timestamp"])
-            except (KeyError, TypeError, ValueError):
-                raise SessionError(name, "poses.json", f"entry {i} lacks rgbIndex/timestamp") from None
-        if all(int(f) in by_index for f in frames):
-            t = np.array([by_index[int(f)] for f in frames], dtype=np.float64)
-            _monotonic(name, "poses.json", t, "frame timestamps")
-            return t, "poses.json"
-    t = frames.astype(np.float64) / fps
-    return t, "fps"
+def _frame_clock(s: Session) -> None:
+    """Frame timestamps (seconds since frame 0), the frame rate and a first guess of
+    frame 0 on the epoch clock. ARKit frames carry real timestamps (boot clock); the
+    others are index / fps (the user's run_slam.py writes i/60 into poses.json
+    whatever the rate, so those stamps are not used)."""
+    md, frames = s.metadata, s.frames
+    pose_t = None
+    if s.capture == CAPTURE_ARKIT and s.pose_entries:
+        by_index = {e["rgbIndex"]: e.get("timestamp") for e in s.pose_entries}
+        try:
+            if all(int(f) in by_index for f in frames):
+                pose_t = np.array([float(by_index[int(f)]) for f in frames], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise s.error("poses.json", "timestamps must be numbers") from None
+    enc_span = _encoder_span(s)
+    start, end = iso_epoch(md.get("startTime")), iso_epoch(md.get("endTime"))
+    spans: list[tuple[str, float]] = []
+    if s.imu is not None:
+        spans.append(("imu.json span", float(s.imu.t[-1] - s.imu.t[0])))
+    if enc_span is not None:
+        spans.append(("encoders.json span", enc_span[1] - enc_span[0]))
+    if start is not None and end is not None and end > start:
+        spans.append(("metadata startTime/endTime", end - start))
+    count = max(int(frames[-1]) + 1, int(md.get("rgbFrameCount") or 0) if isinstance(md.get("rgbFrameCount"), int) else 0)
+    pose_dt = float(np.median(np.diff(pose_t))) if pose_t is not None else None
+    s.fps, s.fps_source, warn = estimate_fps(count, spans, pose_dt)
+    s.warnings.extend(warn)
+    if pose_t is not None:
+        _monotonic(s.name, "poses.json", pose_t, "frame timestamps")
+        s.timestamps, s.timestamp_source = pose_t - pose_t[0], "poses.json"
+    else:
+        # index / fps, not (index - first) / fps: frame 0 is the capture's first frame even
+        # when its file is missing (a failed encode), and that is what the clocks refer to
+        s.timestamps, s.timestamp_source = frames.astype(np.float64) / s.fps, "index/fps"
+    # frame 0 on the epoch clock: the IMU and the glove start with the capture, the
+    # first frame follows within a frame period; startTime is rounded to the second
+    if s.imu is not None:
+        s.frame0_epoch, s.frame0_source = float(s.imu.t[0]), "imu.json start"
+    elif enc_span is not None:
+        s.frame0_epoch, s.frame0_source = enc_span[0], "encoders.json start"
+    elif start is not None:
+        s.frame0_epoch, s.frame0_source = start, "metadata startTime (1 s resolution)"
+
+
+def _encoder_span(s: Session) -> tuple[float, float] | None:
+    """(first, last) receive time in encoders.json without a full parse."""
+    p = s.file("encoders.json")
+    if not p.exists():
+        return None
+    rows = read_json(s.name, p)
+    try:
+        t = [float(r["timestamp"]) for r in rows] if isinstance(rows, list) else []
+    except (KeyError, TypeError, ValueError):
+        return None  # load_encoders says what is wrong
+    return (min(t), max(t)) if len(t) >= 2 else None
 
 
 def load_poses(session: Session) -> dict[int, np.ndarray] | None:
-    """camera-to-world 4x4 per frame index from poses.json, or None when empty."""
+    """camera-to-world 4x4 per frame index from poses.json in OpenCV camera axes
+    (ARKit poses converted), or None when empty."""
     if not session.pose_entries:
         return None
     p = session.file("poses.json")
+    remap = _user_slam_positions(session)
     out: dict[int, np.ndarray] = {}
     for i, e in enumerate(session.pose_entries):
-        m = np.asarray(e.get("transform"), dtype=np.float64)
+        try:
+            m = np.asarray(e.get("transform"), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise session.error(p, f"entry {i}: transform is not a 4x4 matrix of numbers") from None
         if m.shape == (16,):
             m = m.reshape(4, 4)
         if m.shape != (4, 4) or not np.all(np.isfinite(m)):
             raise session.error(p, f"entry {i}: transform is not a finite 4x4 matrix")
-        out[int(e["rgbIndex"])] = m
+        key = int(session.frames[int(e["rgbIndex"])]) if remap else int(e["rgbIndex"])
+        out[key] = m @ ARKIT_TO_OPENCV if session.pose_source == "arkit" else m
     return out
+
+
+def _user_slam_positions(session: Session) -> bool:
+    """True when the user's run_slam.py numbered poses by position in the sorted list
+    of JPEG files (what it does) and a gap makes that differ from the file index:
+    such an rgbIndex i means the i-th file. Warned once per load."""
+    if session.pose_source not in ("user-calibrated", "user-slam"):
+        return False
+    n = session.n_frames
+    if int(session.frames[-1]) == n - 1:  # no gap: position == index
+        return False
+    if max(int(e["rgbIndex"]) for e in session.pose_entries) >= n:
+        return False  # indices beyond the file count: real frame indices
+    w = (f"poses.json from run_slam.py numbers frames by file position; with {int(session.frames[-1]) + 1 - n} "
+         "missing frame(s) those are mapped to the files they were computed from")
+    if w not in session.warnings:
+        session.warnings.append(w)
+    return True
 
 
 def load_pose_flags(session: Session) -> dict[int, str]:
@@ -240,19 +364,25 @@ def load_pose_flags(session: Session) -> dict[int, str]:
 
 
 def poses_are_metric(session: Session) -> bool:
-    """ARKit poses are metric already; so are poses shardship wrote itself."""
-    md = session.metadata
-    return md.get("captureSource") == "ARKit" or bool(md.get("shardship", {}).get("metric"))
+    """ARKit poses are metric; so are the user's calibrated ones and shardship's own
+    (unless written with --scale none)."""
+    if session.pose_source in ("arkit", "user-calibrated"):
+        return True
+    if session.pose_source == "shardship":
+        return bool(session.metadata.get("shardship", {}).get("metric"))
+    return False
 
 
 @dataclass
 class Imu:
-    t: np.ndarray  # (N,) seconds, IMU clock
-    accel: np.ndarray  # (N,3) g, device frame
+    t: np.ndarray  # (N,) seconds, the phone's epoch clock
+    accel: np.ndarray  # (N,3) g, gravity removed, device frame
     gyro: np.ndarray  # (N,3) rad/s
 
 
 def load_imu(session: Session) -> Imu:
+    if session.imu is not None:
+        return session.imu
     p = session.file("imu.json")
     data = read_json(session.name, p)
     if not isinstance(data, list) or len(data) < 2:
@@ -273,31 +403,12 @@ def load_imu(session: Session) -> Imu:
     return Imu(t, acc, gyr)
 
 
-@dataclass
-class Encoders:
-    t: np.ndarray  # (N,)
-    names: list[str]
-    values: np.ndarray  # (N, J)
-
-    def at(self, t: np.ndarray) -> np.ndarray:
-        """Joint values linearly interpolated to times `t` (clamped at the ends)."""
-        return np.stack([np.interp(t, self.t, self.values[:, j]) for j in range(len(self.names))], axis=1)
-
-
 def load_encoders(session: Session) -> Encoders | None:
+    """The glove's joint readings on the epoch clock, or None without encoders.json."""
     p = session.file("encoders.json")
     if not p.exists():
         return None
-    data = read_json(session.name, p)
-    if not isinstance(data, list) or not data:
-        raise session.error(p, "expected a non-empty list of samples")
-    names = sorted(k for k in data[0] if k != "timestamp")
     try:
-        t = np.array([d["timestamp"] for d in data], dtype=np.float64)
-        v = np.array([[d[k] for k in names] for d in data], dtype=np.float64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise session.error(p, f"every sample needs timestamp and {names} ({e})") from None
-    if not np.all(np.isfinite(v)):
-        raise session.error(p, "NaN/inf joint values")
-    _monotonic(session.name, "encoders.json", t, "encoder timestamps")
-    return Encoders(t, names, v)
+        return encoders_from_rows(read_json(session.name, p))
+    except EncoderFormatError as e:
+        raise session.error(p, str(e)) from None

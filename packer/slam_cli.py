@@ -62,6 +62,12 @@ def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_siz
     )
     opts.validate()
     root = raw if raw is not None else cfg.raw
+    discover(root)  # a clear error when the directory is missing
+    from packer.intake import extract_all
+
+    _done, bad_zips = extract_all(Path(root))
+    for z, why in sorted(bad_zips.items()):
+        click.echo(f"FAILED {z}: {why}", err=True)
     paths = discover(root)
     if only:
         wanted = set(only)
@@ -82,6 +88,7 @@ def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_siz
             if r.plot is not None:
                 line += f" [plot {r.plot}]"
             click.echo(line)
-    ok = len(results) - failed
-    click.echo(f"slam: {ok}/{len(results)} sessions ok" + (f", {failed} failed" if failed else ""))
+    failed += len(bad_zips)
+    ok = len(results) + len(bad_zips) - failed
+    click.echo(f"slam: {ok}/{len(results) + len(bad_zips)} sessions ok" + (f", {failed} failed" if failed else ""))
     return int(Exit.PARTIAL) if failed else int(Exit.OK)

@@ -1,6 +1,8 @@
 """Test data built from the real pipeline: rendered sessions (packer.synth) and
 shards packed by packer.pack. `metric_poses=True` writes the synthetic ground
-truth as ARKit-style metric poses so action chunks exist without running SfM."""
+truth as the user's own calibrated SLAM would (run_slam.py + calibrate_scale.py:
+poses.json in metres, slamProcessed, scale_factor), so action chunks exist
+without running SfM."""
 from __future__ import annotations
 
 import json
@@ -23,15 +25,17 @@ def make_raw(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, met
 
 
 def write_truth_as_metric(session_dir: Path) -> None:
-    """poses.json <- ground truth, metadata.captureSource <- ARKit (metric poses)."""
+    """poses.json <- ground truth in the user's calibrated-SLAM format (i/60 stamps,
+    as their run_slam.py writes them), metadata <- slamProcessed, poseCount, scale_factor."""
     truth = json.loads((session_dir / "synth_truth.json").read_text())
-    poses = [{"timestamp": t, "rgbIndex": i, "transform": m}
-             for i, (t, m) in enumerate(zip(truth["frame_timestamps"], truth["poses"]))]
-    (session_dir / "poses.json").write_text(json.dumps(poses))
+    present = {int(p.stem) for p in (session_dir / "rgb").glob("*.jpg")}
+    poses = [{"timestamp": i / 60.0, "rgbIndex": i, "depth": None, "transform": m}
+             for i, m in enumerate(truth["poses"]) if i in present]
+    (session_dir / "poses.json").write_text(json.dumps(poses, indent=2))
     md_path = session_dir / "metadata.json"
     md = json.loads(md_path.read_text())
-    md["captureSource"] = "ARKit"
-    md_path.write_text(json.dumps(md))
+    md.update(slamProcessed=True, poseCount=len(poses), scale_factor=1.0)
+    md_path.write_text(json.dumps(md, indent=2))
 
 
 def make_packed(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, shard_bytes: int | None = None,

@@ -140,7 +140,10 @@ def test_empty_rgb_and_missing_metadata(raw_copy: Path, tmp_path: Path):
 
 
 def test_non_monotonic_timestamps(raw_copy: Path, tmp_path: Path):
+    """ARKit poses carry the frames' real timestamps: out of order is refused."""
     victim = sorted(raw_copy.iterdir())[0]
+    md = json.loads((victim / "metadata.json").read_text())
+    (victim / "metadata.json").write_text(json.dumps({**md, "captureSource": "iphone_arkit"}))
     n = len(list((victim / "rgb").iterdir()))
     ts = [i / 60 for i in range(n)]
     ts[10], ts[11] = ts[11], ts[10]
@@ -203,8 +206,12 @@ def test_action_chunks_from_metric_poses(tmp_path: Path):
 def test_disk_full_keeps_finished_sessions(raw_copy: Path, tmp_path: Path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    one_session = sum(f.stat().st_size for f in (sorted(raw_copy.iterdir())[0] / "rgb").iterdir())
-    size_kb = max(64, int(one_session * 0.25 * 1.6 / 1024))  # room for ~1.5 sessions of shards
+    probe = tmp_path / "probe"  # one session packed on a roomy disk: what its shards weigh
+    (probe / "raw").mkdir(parents=True)
+    shutil.copytree(sorted(raw_copy.iterdir())[0], probe / "raw" / "one")
+    pack(probe / "raw", probe / "out", opts(), progress=False)
+    one_session = sum(f.stat().st_size for f in (probe / "out").glob("*.tar"))
+    size_kb = max(64, int(one_session * 1.5 / 1024))  # room for ~1.5 sessions of shards
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(mnt)], check=True)
     try:
         r = pack(raw_copy, mnt, opts(), progress=False)

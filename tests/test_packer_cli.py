@@ -26,7 +26,8 @@ def test_check_reports_each_session_and_exits_1(raw_copy: Path):
 def test_check_nan_imu_named(raw_copy: Path):
     victim = sorted(raw_copy.iterdir())[1]
     text = (victim / "imu.json").read_text()
-    i = text.index('"accel": [') + len('"accel": [')
+    key = '"accel" : ['  # Swift's pretty printing, as the app writes it
+    i = text.index(key) + len(key)
     (victim / "imu.json").write_text(text[:i] + "NaN, " + text[i:].split(",", 1)[1])
     r = run("check", "--raw", str(raw_copy))
     assert r.returncode == 1 and f"session {victim.name}: imu.json: NaN/inf" in r.stdout

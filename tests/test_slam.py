@@ -86,13 +86,16 @@ def test_poses_json_schema_and_metadata(hand, hand_result):
     assert {e["flag"] for e in entries} <= set(FLAG_NAMES.values())
     assert sum(e["flag"] == "registered" for e in entries) == int(np.sum(hand_result.flags == REGISTERED))
     md = json.loads((hand / "metadata.json").read_text())
-    assert md["captureSource"] == "StackCapture" and md["fps"] == 60.0  # original keys kept
+    assert md["captureSource"] == "iphone_ultrawide" and md["rgbFrameCount"] == 120  # the app's keys kept
     sh = md["shardship"]
+    # the fields the user's own run_slam.py / calibrate_scale.py read, so they skip this session
+    assert md["slamProcessed"] is True and md["poseCount"] == 120 and md["scale_factor"] == sh["scale"]
     for key in ("metric", "scale", "imu_offset", "residual", "registered_fraction", "reprojection_error",
                 "method", "version", "fingerprint", "confidence"):
         assert key in sh, key
     assert sh["metric"] is True and sh["method"] == "imu"
-    assert load_session(hand).timestamp_source == "poses.json"
+    s2 = load_session(hand)
+    assert s2.pose_source == "shardship" and s2.timestamp_source == "index/fps"
 
 
 def test_rerun_is_cached_and_writes_nothing(hand, hand_result):
@@ -113,12 +116,12 @@ def test_foreign_poses_are_kept_and_arkit_is_skipped(tmp_path):
     foreign = [{"timestamp": i / 30.0, "rgbIndex": i, "transform": np.eye(4).tolist()} for i in range(12)]
     (d / "poses.json").write_text(json.dumps(foreign))
     s = load_session(d)
-    assert s.timestamp_source == "poses.json"
+    assert s.pose_source == "foreign" and s.timestamp_source == "index/fps"  # i/30 stamps of others: not trusted
     poses = np.tile(np.eye(4), (12, 1, 1))
     store.write_results(s, poses, np.zeros(12, np.int8), FLAG_NAMES, {"metric": False, "fingerprint": "x"})
     assert json.loads((d / "poses.orig.json").read_text()) == foreign
     ours = json.loads((d / "poses.json").read_text())
-    assert [e["timestamp"] for e in ours] == [e["timestamp"] for e in foreign]  # frame clock preserved
+    assert [e["timestamp"] for e in ours] == pytest.approx([i / 60.0 for i in range(12)])  # the frame clock
     # writing again never overwrites the kept original with our own output
     store.write_results(load_session(d), poses, np.zeros(12, np.int8), FLAG_NAMES, {"metric": False})
     assert json.loads((d / "poses.orig.json").read_text()) == foreign
@@ -127,11 +130,12 @@ def test_foreign_poses_are_kept_and_arkit_is_skipped(tmp_path):
 
     a = synth_session(tmp_path, "session_2026-01-01_120002", 12, 4)
     md = json.loads((a / "metadata.json").read_text())
-    md["captureSource"] = "ARKit"
+    md["captureSource"] = "iphone_arkit"
     (a / "metadata.json").write_text(json.dumps(md))
+    before = (a / "poses.json").read_bytes()
     r = slam_session(a, fast())
     assert r.status == "skipped" and "ARKit" in r.message
-    assert (a / "poses.json").read_text() == "[]"
+    assert (a / "poses.json").read_bytes() == before
 
 
 def test_rotation_only_session_is_refused_with_reason(tmp_path):

@@ -39,8 +39,10 @@ def rotation_error_deg(pred6: np.ndarray, true6: np.ndarray) -> np.ndarray:
     return np.degrees(np.arccos(np.clip((tr - 1) / 2, -1.0, 1.0)))
 
 
-def chunk_errors(pred: np.ndarray, true: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
-    """Errors of (N, T, D) chunks; mask (N, T) marks real steps."""
+def chunk_errors(pred: np.ndarray, true: np.ndarray, mask: np.ndarray,
+                 joints_valid: np.ndarray | None = None) -> dict[str, Any]:
+    """Errors of (N, T, D) chunks; mask (N, T) marks real steps; joints_valid (N,)
+    leaves samples recorded without the glove out of the joint error."""
     pos_cm = np.linalg.norm(pred[..., 0:3] - true[..., 0:3], axis=-1) * 100.0
     rot_deg = rotation_error_deg(pred[..., 3:9], true[..., 3:9])
     m = mask.astype(bool)
@@ -55,8 +57,9 @@ def chunk_errors(pred: np.ndarray, true: np.ndarray, mask: np.ndarray) -> dict[s
         "position_error_cm_per_step": per_step_pos,
         "rotation_error_deg_per_step": per_step_rot,
     }
-    if pred.shape[-1] > 9:
-        out["joint_mae"] = float(np.abs(pred[..., 9:] - true[..., 9:])[m].mean())
+    jm = m if joints_valid is None else m & np.asarray(joints_valid, bool)[:, None]
+    if pred.shape[-1] > 9 and jm.any():
+        out["joint_mae"] = float(np.abs(pred[..., 9:] - true[..., 9:])[jm].mean())
     return out
 
 
@@ -104,7 +107,7 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
 
     ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad")
     gen = torch.Generator(device=dev).manual_seed(seed)
-    preds, trues, masks = [], [], []
+    preds, trues, masks, jvalid = [], [], [], []
     n = 0
     want = min(max_samples, val_ix.n_samples) if max_samples > 0 else val_ix.n_samples
     bar = tqdm(total=want, desc="eval", unit="sample", disable=not progress, leave=False)
@@ -121,12 +124,13 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
         preds.append(pred.float().cpu()[keep].numpy())
         trues.append(batch["action"][keep].numpy())
         masks.append(batch["action_mask"][keep].numpy())
+        jvalid.append(batch["joints_valid"][keep].numpy())
         n += int(keep.sum())
         bar.update(int(keep.sum()))
     bar.close()
     del it
-    pred, true, mask = (np.concatenate(x)[:want] for x in (preds, trues, masks))
-    res = chunk_errors(pred, true, mask)
+    pred, true, mask, jv = (np.concatenate(x)[:want] for x in (preds, trues, masks, jvalid))
+    res = chunk_errors(pred, true, mask, jv > 0)
     res.update({
         "checkpoint": str(ck_path), "step": int(ck["step"]), "val_sessions": val_names,
         "ddim_steps": int(ddim_steps or ck["model_config"]["ddim_steps"]),

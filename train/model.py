@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from packer.actions import POSE_DIMS
 from packer.errors import ShardshipError
 
 DEFAULTS: dict[str, Any] = {
@@ -305,9 +306,15 @@ class DiffusionPolicy(nn.Module):
     def loss_terms(self, batch: Mapping[str, torch.Tensor],
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of weighted squared errors, sum of weights): the mean is their ratio.
-        Weights = sample weight (0 for padding) x action_mask (0 past session end)."""
+        Weights = sample weight (0 for padding) x action_mask (0 past session end);
+        a sample whose joints are masked (no glove) is scored on its pose dimensions."""
         x0 = (batch["action"].float() - self.action_mean) / self.action_std
         b = x0.shape[0]
+        jv = batch.get("joints_valid")
+        if jv is not None and x0.shape[-1] > POSE_DIMS:
+            # masked joints (no glove) enter the noisy input as the mean, so their
+            # placeholder values cannot leak into the pose predictions either
+            x0 = torch.cat([x0[..., :POSE_DIMS], x0[..., POSE_DIMS:] * jv.float().view(b, 1, 1)], dim=-1)
         t = torch.randint(0, self.cfg["diffusion_steps"], (b,), device=x0.device, generator=generator)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
         ac = self.alphas_cumprod[t].view(b, 1, 1)
@@ -315,7 +322,14 @@ class DiffusionPolicy(nn.Module):
         obs = self.encode(batch["image"], batch["proprio"])
         pred = self.denoise(xt, t, obs)
         target = noise if self.cfg["prediction"] == "epsilon" else x0
-        err = (pred.float() - target).pow(2).mean(dim=-1)  # (B, T)
+        sq = (pred.float() - target).pow(2)  # (B, T, D)
+        if jv is not None and sq.shape[-1] > POSE_DIMS:
+            # a session without the glove: its joint dimensions are zeros, not data
+            dw = torch.ones(b, 1, sq.shape[-1], device=sq.device)
+            dw[:, :, POSE_DIMS:] = jv.float().view(b, 1, 1)
+            err = (sq * dw).sum(dim=-1) / dw.sum(dim=-1)
+        else:
+            err = sq.mean(dim=-1)  # (B, T)
         w = batch["action_mask"].float() * batch["weight"].float().view(b, 1)
         return (err * w).sum(), w.sum()
 

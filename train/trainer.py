@@ -389,9 +389,9 @@ class RunResult:
 
 
 def _to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    keys = ("image", "proprio", "action", "action_mask", "weight")
+    keys = ("image", "proprio", "action", "action_mask", "weight", "joints_valid")
     nb = device.type == "cuda"
-    return {k: batch[k].to(device, non_blocking=nb) for k in keys}
+    return {k: batch[k].to(device, non_blocking=nb) for k in keys if k in batch}
 
 
 def _batches(loader: Any) -> Iterator[dict[str, torch.Tensor]]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from packer import __version__
 from packer.errors import SessionError, ShardshipError
-from packer.session import Imu, Session, load_imu, load_session
+from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
 from packer.slam.colmap import MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct
 from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
@@ -232,9 +232,14 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     opts.validate()
     session = load_session(path)
     name = session.name
-    if session.capture_source == "ARKit":
-        return SlamResult(name, path, "skipped", "captureSource ARKit: poses are already metric", metric=True,
-                          method="arkit")
+    if session.capture == CAPTURE_ARKIT:
+        return SlamResult(name, path, "skipped", "captureSource iphone_arkit: ARKit poses are already metric",
+                          metric=True, method="arkit")
+    if session.pose_source == "user-calibrated" and not opts.force:
+        sf = session.metadata.get("scale_factor")
+        return SlamResult(name, path, "skipped", f"poses.json calibrated by your own tools (slamProcessed, "
+                          f"scale_factor {sf:.6g}): used as they are (--force redoes them)", metric=True,
+                          method="user")
     imu = _preflight(session, opts)
     fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu=opts.scale == "imu")
     if not opts.force:
@@ -360,7 +365,8 @@ def _scale(
         except ScaleRefused as e:
             raise session.error("imu.json", f"scale refused: {e}") from None
         return sr.scale, True, {
-            "imu_offset": al.offset,
+            "imu_offset": al.offset,  # IMU (epoch) clock = frame clock + offset: frame 0's epoch time
+            "imu_lag": al.offset - float(imu.t[0]),  # frame 0 after the first IMU sample
             "R_imu_cam": al.R_ic.tolist(),
             "gyro_bias": al.gyro_bias.tolist(),
             "gyro_residual": al.residual,
@@ -407,8 +413,8 @@ def _summary(info: dict[str, Any]) -> str:
         s = f"scale {info['scale']:.4g} m/unit ({info['method']}"
         if info.get("scale_rel_std") is not None:
             s += f", +-{info['scale_rel_std']:.1%}"
-        if info.get("imu_offset") is not None:
-            s += f", IMU offset {info['imu_offset'] * 1000:+.1f} ms"
+        if info.get("imu_lag") is not None:
+            s += f", frame 0 at {info['imu_lag'] * 1000:+.1f} ms on the IMU clock"
         parts.append(s + ")")
     else:
         parts.append("unscaled poses (metric false)")

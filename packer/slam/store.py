@@ -3,7 +3,8 @@
 Output, in the session (what the StackCapture tools read):
 - poses.json: [{"timestamp", "rgbIndex", "transform": 4x4 camera-to-world}] for
   every frame (metres when metric), plus "flag": registered|interpolated|outside;
-- metadata.json: the original keys untouched, results under "shardship".
+- metadata.json: the original keys untouched except the ones the user's own tools
+  read (slamProcessed, poseCount, scale_factor when metric); results under "shardship".
 
 Raw data is never lost: a non-empty poses.json that shardship did not write is
 renamed to poses.orig.json (poses.orig.1.json, ... if that exists) first.
@@ -126,6 +127,14 @@ def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_n
     elif isinstance(md.get(KEY), dict) and md[KEY].get("original_poses"):
         info["original_poses"] = md[KEY]["original_poses"]
     md[KEY] = info
+    # the fields the user's own tools read: run_slam.py skips a slamProcessed session,
+    # calibrate_scale.py one with a scale_factor (our poses are in metres already)
+    md["slamProcessed"] = True
+    md["poseCount"] = len(poses)
+    if info.get("metric") and info.get("scale") is not None:
+        md["scale_factor"] = float(info["scale"])
+    else:
+        md.pop("scale_factor", None)
     write_json(session.file("metadata.json"), _jsonable(md))
     return info
 

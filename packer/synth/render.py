@@ -226,3 +226,27 @@ class Renderer:
         mx = (mu + sc.u0[face].astype(np.float32)).reshape(self.height, self.width)
         my = (mv + sc.v0[face].astype(np.float32)).reshape(self.height, self.width)
         return cv2.remap(sc.atlas, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+    def depth(self, pose: np.ndarray, uv: np.ndarray, fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
+        """(M,) z-depth in metres of the scene along the rays through OpenCV pixel
+        coordinates `uv` (M,2) of a camera with camera-to-world `pose` (float64 ray
+        casting, the same geometry as `render`)."""
+        sc = self.scene
+        uv = np.asarray(uv, dtype=np.float64).reshape(-1, 2)
+        rays = np.stack([(uv[:, 0] - cx) / fx, (uv[:, 1] - cy) / fy, np.ones(len(uv))])  # z = 1: t is z-depth
+        R, o = pose[:3, :3], pose[:3, 3]
+        D = R @ rays
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = 1.0 / D
+            bound = np.where(D > 0, sc.room.hi[:, None], sc.room.lo[:, None])
+            tk = (bound - o[:, None]) * inv
+            tk[~np.isfinite(tk)] = np.inf
+            t = tk.min(axis=0)
+            for lo, hi in zip(self._lo, self._hi):
+                t1 = (lo[:, None] - o[:, None]) * inv
+                t2 = (hi[:, None] - o[:, None]) * inv
+                tnear = np.minimum(t1, t2).max(axis=0)
+                tfar = np.maximum(t1, t2).min(axis=0)
+                hit = (tnear <= tfar) & (tnear > 0) & (tnear < t)
+                t = np.where(hit, tnear, t)
+        return t

@@ -111,6 +111,10 @@ class ShardDataset(IterableDataset):
         self.consumed = 0
         self._counts = index.counts
         self._fds: OrderedDict[int, int] = OrderedDict()
+        pstats = (index.stats or {}).get("proprio") or {}
+        mean = pstats.get("mean") or []
+        self._proprio_fill = np.asarray(mean if len(mean) == index.proprio_dim else np.zeros(index.proprio_dim),
+                                        dtype=np.float32)
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -173,18 +177,21 @@ class ShardDataset(IterableDataset):
         t_prop = _alloc((b, ix.proprio_dim), torch.float32, shared)
         t_act = _alloc((b, ix.horizon, ix.action_dim), torch.float32, shared)
         t_mask = _alloc((b, ix.horizon), torch.float32, shared)
+        t_jv = _alloc((b,), torch.float32, shared)
         images, proprio, action, mask = t_img.numpy(), t_prop.numpy(), t_act.numpy(), t_mask.numpy()
+        jvalid = t_jv.numpy()
         proprio[...] = 0
         mask[...] = 1
         for i, si in enumerate(samples.tolist()):
             jpg, js = self._read(si)
             self._decode_image(si, jpg, images[i])
-            self._decode_json(si, js, proprio[i], action[i], mask[i])
+            jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i])
         return {
             "image": t_img,
             "proprio": t_prop,
             "action": t_act,
             "action_mask": t_mask,
+            "joints_valid": t_jv,
             "weight": torch.from_numpy(valid.astype(np.float32)),
             "index": torch.from_numpy(samples.astype(np.int64)),
             "position": torch.from_numpy(positions.astype(np.int64)),
@@ -245,7 +252,10 @@ class ShardDataset(IterableDataset):
                                f"{out.shape[1]}x{out.shape[0]}")
         out[...] = arr
 
-    def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray, mask: np.ndarray) -> None:
+    def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray,
+                     mask: np.ndarray) -> float:
+        """Fill one sample's arrays; returns 1.0 when its joints are real, 0.0 when
+        masked (no glove): its proprio is then the dataset mean (0 once normalised)."""
         try:
             d = sample_arrays(bytes(js), action.shape[0], action.shape[1], proprio.shape[0])
         except (ValueError, TypeError, UnicodeDecodeError, AttributeError) as e:
@@ -253,8 +263,12 @@ class ShardDataset(IterableDataset):
         action[...] = d["action"]
         if d["action_mask"] is not None:
             mask[...] = d["action_mask"]
+        if not d["joints_valid"]:
+            proprio[...] = self._proprio_fill
+            return 0.0
         if d["proprio"] is not None:
             proprio[...] = d["proprio"]
+        return 1.0
 
     def _bad(self, i: int, reason: str) -> ShardshipError:
         s = int(self.index.shard[i])

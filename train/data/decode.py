@@ -112,14 +112,15 @@ def _numbers(js: bytes, key: bytes, nested: bool) -> np.ndarray | None:
 
 def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int) -> dict[str, Any]:
     """{"action": (T, D), "action_mask": (T,) | None, "proprio": (J,) | None} as
-    float32. Raises ValueError when the JSON does not fit the index's shapes."""
+    float32, and "joints_valid" (False for a session recorded without the glove). Raises ValueError when the JSON does not fit the index's shapes."""
     a = _numbers(js, b'"action":', nested=True)
     m = _numbers(js, b'"action_mask":', nested=False)
     p = _numbers(js, b'"proprio":', nested=False) if joints else np.zeros(0)
+    jv = b'"joints_valid":false' not in js  # packed by the packer as compact JSON
     if (a is not None and a.size == horizon * action_dim and m is not None and m.size == horizon
             and p is not None and p.size == joints):
         return {"action": a.astype(np.float32).reshape(horizon, action_dim), "action_mask": m.astype(np.float32),
-                "proprio": p.astype(np.float32)}
+                "proprio": p.astype(np.float32), "joints_valid": jv}
     d = json.loads(js)
     if d.get("action") is None:
         raise ValueError("action is null but index.json says has_action")
@@ -128,4 +129,5 @@ def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int) -> dict
     out["action_mask"] = None if mask is None else np.asarray(mask, dtype=np.float32).reshape(horizon)
     prop = d.get("proprio")
     out["proprio"] = None if not joints or prop is None else np.asarray(prop, dtype=np.float32).reshape(joints)
+    out["joints_valid"] = d.get("joints_valid", True) is not False
     return out

@@ -77,20 +77,33 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True)
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
-@click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session (60 fps).")
+@click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--motion", type=click.Choice(["hand", "rotation-only", "static"]), default="hand", show_default=True,
               help="rotation-only: scale is unobservable (SLAM must refuse); static: identical frames.")
+@click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
+              help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
+@click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,
+              help="The app records 60 fps, 30 when the camera cannot.")
+@click.option("--glove/--no-glove", default=True, show_default=True,
+              help="--no-glove: no encoders.json (BLE not connected).")
+@click.option("--capture", type=click.Choice(["ultrawide", "arkit"]), default="ultrawide", show_default=True,
+              help="arkit: the legacy ARKit layout (metric poses, no IMU).")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @friendly_errors
-def synth(out: str, sessions: int, frames: int, seed: int, motion: str, workers: int) -> None:
-    """Render synthetic StackCapture sessions (textured 3-D scene, IMU, encoders).
+def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: str, fps: str, glove: bool,
+          capture: str, workers: int) -> None:
+    """Render synthetic sessions exactly as the StackCapture app writes them.
 
-    Ground truth goes to synth_truth.json in each session; the pipeline never reads it."""
+    A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
+    clock), the glove's encoders (degrees, ESP32 millis, BLE receive times),
+    calib.txt and metadata.json in the app's own JSON layout. Ground truth goes to
+    synth_truth.json in each session; the pipeline never reads it."""
     from packer.synth import synth_dataset
 
-    paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers)
-    click.echo(f"wrote {len(paths)} session(s) to {out}")
+    paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
+                          export=export, fps=float(fps), encoders=glove, capture=capture)
+    click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
 
 
 def _pack_options(cfg: Config, **flags) -> PackOptions:

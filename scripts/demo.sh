@@ -5,8 +5,8 @@ set -eu
 PY=${PY:-.venv/bin/python}
 DEMO=${DEMO:-data/demo}
 FRAMES=${FRAMES:-180}
-echo "== 1/6 synthetic sessions -> $DEMO/raw"
-[ -d "$DEMO/raw" ] || $PY -m packer synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0
+echo "== 1/6 synthetic sessions, zipped as the app exports them -> $DEMO/raw"
+[ -d "$DEMO/raw" ] || $PY -m packer synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip
 $PY -m packer check --raw "$DEMO/raw"
 echo "== 2/6 pack -> $DEMO/packed"
 $PY -m packer pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers

@@ -183,7 +183,7 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
         f"rotation error: {res['rotation_error_deg']:.2f} deg mean, {res['rotation_error_deg_median']:.2f} deg median",
     ]
     if "joint_mae" in res:
-        lines.append(f"joint MAE: {res['joint_mae']:.4f}")
+        lines.append(f"joint MAE: {res['joint_mae']:.2f} deg")
     if not res["pose_metric"]:
         lines.append("note: poses are not metric (no scale calibration): position errors are not in cm")
     last = res["position_error_cm_per_step"][-1]

@@ -234,8 +234,8 @@ def test_clocks_truth(sess: Path) -> None:
     ts = t["capture_start_epoch"]
     assert datetime.fromtimestamp(ts, tz=timezone.utc).strftime("session_%Y-%m-%d_%H%M%S") == NAME
     assert 0.010 <= t["frame0_epoch"] - ts <= 0.040
-    assert t["imu_latency"] == 0.0237
-    assert t["imu_offset"] == pytest.approx(t["frame0_epoch"] + 0.0237, abs=1e-9)
+    assert t["imu_latency"] == 0.008  # the default: CoreMotion handler latency
+    assert t["imu_offset"] == pytest.approx(t["frame0_epoch"] + 0.008, abs=1e-9)
     assert t["stop_epoch"] == pytest.approx(t["frame0_epoch"] + N / 60.0, abs=1e-9)
 
 
@@ -529,7 +529,7 @@ def test_imu_offset_sign_and_recoverable(sess: Path) -> None:
     cands = tau[0] + np.arange(-0.05, 0.12, 0.0005)
     err = [np.mean((np.interp(mid[5:-5] + d, tau, speed) - vis[5:-5]) ** 2) for d in cands]
     assert cands[int(np.argmin(err))] == pytest.approx(t["imu_offset"], abs=0.002)
-    assert t["imu_offset"] - tau[0] == pytest.approx(t["frame0_epoch"] - t["capture_start_epoch"] + 0.0237, abs=0.006)
+    assert t["imu_offset"] - tau[0] == pytest.approx(t["frame0_epoch"] - t["capture_start_epoch"] + t["imu_latency"], abs=0.006)
 
 
 def test_accel_is_gravity_removed_linear_acceleration(sess: Path) -> None:

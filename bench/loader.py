@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.common import machine, write_csv
-from packer.pilinfo import describe
+from shardship.pil import describe
 from train.data import ShardDataset, load_index, make_loader, verify_shards
 from train.data.index import ShardIndex
 

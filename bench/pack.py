@@ -19,9 +19,9 @@ from pathlib import Path
 from PIL import Image
 
 from bench.common import machine, write_csv
-from packer.config import PackOptions
+from shardship.config import PackOptions
 from packer.pack import pack
-from packer.pilinfo import describe
+from shardship.pil import describe
 from packer.session import discover, load_session
 
 
@@ -59,7 +59,8 @@ def single_core_rate(raw: Path, limit: int = 1000) -> float:
 
 def packer_kernel_rate(raw: Path, limit: int = 1000) -> float:
     """The same work through the packer's worker code (packer.imageops), one core."""
-    from packer.imageops import ResizeSpec, cache_image_buffers, resize_jpeg
+    from packer.imageops import ResizeSpec, resize_jpeg
+    from shardship.pil import cache_image_buffers
 
     cache_image_buffers()
     spec = ResizeSpec(224, "squash", 85)

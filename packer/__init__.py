@@ -1,2 +1,4 @@
-"""shardship packer: sessions -> metric poses -> 224x224 tar shards (+ budget)."""
-__version__ = "0.1.0"
+"""shardship packer, stage 1: sessions -> metric poses -> 224x224 tar shards."""
+from shardship import __version__
+
+__all__ = ["__version__"]

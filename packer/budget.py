@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from packer.config import human
+from shardship.units import human
 from train.retention import peak_checkpoint_files
 
 

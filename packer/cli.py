@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
-from packer.cliutil import config_option, friendly_errors, host_key_option
-from packer.config import Config, PackOptions, human, load_config, parse_size
-from packer.errors import Exit, SessionError, ShardshipError
-from packer.pilinfo import describe
+from shardship.cliopts import config_option, friendly_errors, host_key_option
+from shardship.config import Config, PackOptions, load_config
+from shardship.units import human, parse_size
+from shardship.errors import Exit, SessionError, ShardshipError
+from shardship.pil import describe
 
 CONFIG_OPT = config_option()
 
@@ -195,7 +196,7 @@ def _slam_stage(cfg: Config, quiet: bool):
 @friendly_errors
 def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:
     """Will data + checkpoints + env fit the cluster quota? Exit 3 when over."""
-    from packer import manifest
+    from shardship.format import index as manifest
     from packer.budget import BudgetInputs, compute, render
 
     cfg = _cfg(config_path)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import zstandard
 
-from packer.atomic import atomic_open
-from packer.shards import sha256_file
+from shardship.atomic import atomic_open
+from shardship.hashing import sha256_file
 
 WORTH_IT = 0.90  # compress only if .zst <= 90% of .tar
 LEVEL = 9

@@ -28,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from packer.errors import SessionError
+from shardship.errors import SessionError
 
 TMP_SUFFIX = ".unzip-tmp"
 SIDECAR_SUFFIX = ".metadata.json"

@@ -19,20 +19,22 @@ from typing import Any, Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from packer import manifest
+from shardship.format import index as manifest
 from packer.actions import POSE_DIMS, RunningStats, segmented_chunks
 from packer.clock import FrameClock, frame_clock
 from packer.encoders import JOINTS, UNITS, coverage
-from packer.atomic import remove_stale_temps
-from packer.config import PackOptions, human
-from packer.errors import SessionError, ShardshipError
+from shardship.atomic import remove_stale_temps
+from shardship.config import PackOptions
+from shardship.units import human
+from shardship.errors import SessionError, ShardshipError
 from packer.fingerprint import content_fingerprint, stat_signature
 from packer.intake import extract_all
-from packer.imageops import ResizeSpec, cache_image_buffers, process_frame, rescale_intrinsics
-from packer.pilinfo import describe as pil_describe
+from packer.imageops import ResizeSpec, process_frame, rescale_intrinsics
+from shardship.pil import cache_image_buffers
+from shardship.pil import describe as pil_describe
 from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
                             load_session, poses_are_metric)
-from packer.shards import ShardWriter
+from shardship.format.shards import ShardWriter
 
 
 @dataclass

@@ -17,7 +17,7 @@ import numpy as np
 
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
-from packer.errors import SessionError
+from shardship.errors import SessionError
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
 
 RAW_WIDTH, RAW_HEIGHT = 480, 360
@@ -92,7 +92,7 @@ def discover(raw: str | os.PathLike) -> list[Path]:
     A directory without rgb/ is still returned so `check` can say what is wrong."""
     root = Path(raw)
     if not root.is_dir():
-        from packer.errors import ShardshipError
+        from shardship.errors import ShardshipError
 
         raise ShardshipError(f"raw directory {root} not found: pass --raw DIR or run `packer synth --out {root}`")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))

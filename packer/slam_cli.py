@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from packer.errors import Exit, ShardshipError
+from shardship.errors import Exit, ShardshipError
 
 
 @click.command("slam")
@@ -50,7 +50,7 @@ def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapp
 
 def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_size, marker_dict,
          known_distance, plot, jobs, threads, force, quiet) -> int:
-    from packer.config import load_config
+    from shardship.config import load_config
     from packer.session import discover
     from packer.slam import SlamOptions, slam_sessions
 

@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from packer.config import PackOptions
+from shardship.config import PackOptions
 
 
 def make_raw(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, metric_poses: bool = False) -> Path:

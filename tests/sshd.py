@@ -93,7 +93,7 @@ class SSHD:
 
     def cluster(self, remote_dir: str = "shardship", host: str | None = None, **kw):
         """A ClusterConfig for this server (via the ~/.ssh/config alias by default)."""
-        from packer.config import ClusterConfig
+        from shardship.config import ClusterConfig
 
         return ClusterConfig(name="test", host=host or self.alias, remote_dir=remote_dir, quota="auto", **kw)
 

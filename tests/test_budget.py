@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from packer.budget import BudgetInputs, compute
-from packer.config import parse_size
+from shardship.units import parse_size
 
 G = 1024**3
 M = 1024**2
@@ -71,9 +71,9 @@ def test_live_quota_counts_uploaded_shards_once(tmp_path):
     """budget --remote on a real size-limited filesystem: the live `used` includes
     shards already uploaded; they must not be counted again as packed data."""
     pytest.importorskip("train.model")
-    from packer import manifest
+    from shardship.format import index as manifest
     from packer.cli import _live_quota
-    from packer.config import Config
+    from shardship.config import Config
     from tests.datasets import make_packed
 
     out = make_packed(tmp_path, sessions=1, frames=20, seed=2)

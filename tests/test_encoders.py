@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.config import PackOptions
+from shardship.config import PackOptions
 from packer.encoders import JOINTS, EncoderFormatError, esp_clock, from_rows, unwrap_valid
 from packer.pack import pack
 from packer.session import capture_mode, poses_provenance

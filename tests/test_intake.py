@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from packer import intake
-from packer.errors import SessionError
+from shardship.errors import SessionError
 from packer.intake import Extracted, extract_all, extract_export, find_exports
 
 NAME = "session_2024-05-01_120000"

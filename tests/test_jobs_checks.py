@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from packer.config import ClusterConfig, Config
-from packer.errors import QuotaError, ShardshipError
+from shardship.config import ClusterConfig, Config
+from shardship.errors import QuotaError, ShardshipError
 from train.jobs import build_spec, checks, measure
 from train.jobs.records import JobRecord, append_record, load_records
 from train.jobs.status import parse_qacct, parse_qstat, parse_scontrol

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from packer.config import ClusterConfig
-from packer.errors import ShardshipError
+from shardship.config import ClusterConfig
+from shardship.errors import ShardshipError
 from train.jobs import build_spec, render
 from train.jobs.spec import format_walltime, job_name, parse_walltime
 

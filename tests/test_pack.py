@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from packer import manifest
-from packer.config import PackOptions
+from shardship.format import index as manifest
+from shardship.config import PackOptions
 from packer.pack import pack
-from packer.shards import sha256_file
+from shardship.hashing import sha256_file
 from tests.conftest import ROOT, is_root
 
 
@@ -265,7 +265,7 @@ def test_compression_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path)
 
 
 def test_atomic_write_keeps_permissions(tmp_path: Path):
-    from packer.atomic import write_json
+    from shardship.atomic import write_json
 
     p = tmp_path / "a.json"
     write_json(p, {"x": 1})
@@ -283,7 +283,7 @@ def test_member_header_matches_tarfile(tmp_path: Path, name: str):
     """Our direct ustar headers (and the PAX fallback) read back with tarfile."""
     import io as _io
 
-    from packer.shards import member_header
+    from shardship.format.shards import member_header
 
     data = b"abc" * 200
     blob = member_header(name, len(data)) + data + b"\0" * (-len(data) % 512) + b"\0" * 1024

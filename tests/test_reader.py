@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 from tests.datasets import make_packed
 from train.data import ShardDataset, load_index, make_loader, verify_shards
 from train.data import partition

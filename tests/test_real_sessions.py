@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from packer.actions import action_chunks
-from packer.config import PackOptions
+from shardship.config import PackOptions
 from packer.pack import pack
 from packer.slam import SlamOptions, slam_sessions
 from packer.synth import synth_session, truth

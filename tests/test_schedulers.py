@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from packer.config import ClusterConfig, Config
-from packer.errors import ShardshipError
+from shardship.config import ClusterConfig, Config
+from shardship.errors import ShardshipError
 from train.jobs.fetch import fetch_results
 from train.jobs.records import JobRecord, jobs_file, load_records
 from train.jobs.status import ACTIVE, job_status, query_state

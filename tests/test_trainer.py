@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from packer.atomic import TMP_SUFFIX, remove_stale_temps
-from packer.errors import QuotaError, ShardshipError
+from shardship.atomic import TMP_SUFFIX, remove_stale_temps
+from shardship.errors import QuotaError, ShardshipError
 from tests.datasets import make_packed
 from train.data import load_index, split_sessions
 from train.data.partition import epoch_order

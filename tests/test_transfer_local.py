@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.config import ClusterConfig
-from packer.errors import QuotaError
+from shardship.config import ClusterConfig
+from shardship.errors import QuotaError
 from tests.sshd import make_packed
 from transfer import connect
 from transfer.cli import main as cli

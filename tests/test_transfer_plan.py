@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 from transfer.manifest import ShardFile, FileRef, check_name, parse_index
 from transfer.plan import BLOCK, BOOKKEEPING, Item, RemoteEntry, build_plan, parse_margin, peak_profile
 from transfer.quota import Quota

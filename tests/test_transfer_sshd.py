@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.errors import QuotaError, RemoteError
+from shardship.errors import QuotaError, RemoteError
 from tests.sshd import SSHD, make_packed  # noqa: F401 (fixtures come from conftest)
 from transfer import connect
 from transfer.hostkeys import UnknownHostKey

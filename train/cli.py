@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from packer.cliutil import config_option, friendly_errors
+from shardship.cliopts import config_option, friendly_errors
 
 
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
@@ -56,7 +56,7 @@ def main() -> None:
 def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps: int | None, resume: bool,
         preset: str | None, **overrides: Any) -> None:
     """Train the diffusion policy on the packed shards (resumes automatically)."""
-    from packer.config import load_config
+    from shardship.config import load_config
     from train.trainer import TrainConfig, train
 
     cfg = load_config(config_path)
@@ -93,7 +93,7 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
              max_samples: int, ddim_steps: int | None, batch_size: int, num_workers: int, device: str,
              seed: int) -> None:
     """Position (cm) and rotation (deg) error of the EMA policy on the validation sessions."""
-    from packer.config import load_config
+    from shardship.config import load_config
     from train.evaluate import evaluate, summary_lines
 
     cfg = load_config(config_path)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 
 TIMEOUT = datetime.timedelta(minutes=30)
 

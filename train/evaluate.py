@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from packer.atomic import atomic_open, write_json
-from packer.errors import ShardshipError
+from shardship.atomic import atomic_open, write_json
+from shardship.errors import ShardshipError
 from train.data import ShardDataset, load_index, make_loader, verify_shards
 from train.data.dataset import unwrap_worker_error
 from train.model import DiffusionPolicy

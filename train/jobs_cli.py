@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from packer.cliutil import cluster_option, config_option, friendly_errors, host_key_option
+from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
 
 _CLUSTER, _CONFIG, _HOSTKEY = cluster_option, config_option(), host_key_option
 
 
 def _load(config_path: str | None, cluster: str | None):
-    from packer.config import load_config
+    from shardship.config import load_config
 
     cfg = load_config(config_path)
     return cfg, cfg.cluster(cluster)
@@ -35,7 +35,7 @@ def _load(config_path: str | None, cluster: str | None):
 def submit(cluster: str | None, config_path: str | None, dry_run: bool, name: str, nproc_per_node: int | None,
            max_steps: int | None, no_probe: bool, accept_new_host_key: bool) -> None:
     """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id."""
-    from packer.errors import ShardshipError
+    from shardship.errors import ShardshipError
     from train.jobs import checks
     from train.jobs.records import jobs_file
     from train.jobs.submit import submit_job

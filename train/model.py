@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from packer.actions import POSE_DIMS
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 
 DEFAULTS: dict[str, Any] = {
     "preset": "small",  # a named starting point (PRESETS), the other keys override it

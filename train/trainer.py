@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from packer.atomic import atomic_open, remove_stale_temps, write_bytes
-from packer.errors import QuotaError, ShardshipError
+from shardship.atomic import atomic_open, remove_stale_temps, write_bytes
+from shardship.errors import QuotaError, ShardshipError
 from train import ddp
 from train.data import ShardDataset, load_index, make_loader, split_sessions, verify_shards
 from train.data.dataset import unwrap_worker_error

@@ -17,7 +17,7 @@ from transfer.quota import Quota, live_quota
 from transfer.remote import FileStat, LocalRemote, Remote, RunResult, SSHRemote
 
 if TYPE_CHECKING:
-    from packer.config import ClusterConfig
+    from shardship.config import ClusterConfig
 
 
 def remote_quota(cluster: "ClusterConfig", accept_new_host_key: bool = False) -> Quota | None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import paramiko
 from paramiko.auth_strategy import AuthFailure, AuthResult, AuthStrategy, SourceResult
 
-from packer.errors import RemoteError
+from shardship.errors import RemoteError
 
 #: `prompter(text, echo) -> answer`: how a prompt from the server reaches a person.
 Prompter = Callable[[str, bool], str]

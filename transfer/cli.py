@@ -1,7 +1,7 @@
 """`transfer quota | upload | status | pull`: thin click wrappers, one connection each.
 
 Expected failures print one line (no traceback) and exit with the code from
-packer.errors: 2 usage/config, 3 over quota (nothing sent), 4 remote /
+shardship.errors: 2 usage/config, 3 over quota (nothing sent), 4 remote /
 connection, 1 partial (disk full mid-way: verified shards kept).
 """
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Callable
 
 import click
 
-from packer.cliutil import cluster_option, config_option, friendly_errors, host_key_option
+from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
 
-from packer.config import human, load_config, parse_size
-from packer.errors import QuotaError, ShardshipError
+from shardship.config import load_config
+from shardship.units import human, parse_size
+from shardship.errors import QuotaError, ShardshipError
 from transfer.connection import connect
 from transfer.plan import DEFAULT_MARGIN
 

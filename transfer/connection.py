@@ -11,8 +11,8 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any, Callable
 
-from packer.config import ClusterConfig
-from packer.errors import RemoteError
+from shardship.config import ClusterConfig
+from shardship.errors import RemoteError
 from transfer.remote import SFTP_MAX_PACKET_SIZE, SFTP_WINDOW_SIZE, LocalRemote, Remote, SSHRemote, local_home
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Sequence
 
-from packer.errors import RemoteError
+from shardship.errors import RemoteError
 
 if TYPE_CHECKING:
     from transfer.remote import Remote

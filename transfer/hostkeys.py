@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import paramiko
 
-from packer.errors import RemoteError
+from shardship.errors import RemoteError
 
 DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")

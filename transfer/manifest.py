@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 
 INDEX = "index.json"
 #: remote bookkeeping: name -> {size, mtime, sha256} of shards verified there

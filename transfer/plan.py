@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from packer.config import human, parse_size
-from packer.errors import ShardshipError
+from shardship.units import human, parse_size
+from shardship.errors import ShardshipError
 from transfer.manifest import ShardFile
 from transfer.quota import Quota
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packer.errors import Exit, RemoteError, ShardshipError
-from packer.shards import sha256_file
+from shardship.errors import Exit, RemoteError, ShardshipError
+from shardship.hashing import sha256_file
 from transfer.remote import Remote
 
 PART = ".part"

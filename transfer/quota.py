@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterator
 
-from packer.config import human
+from shardship.units import human
 
 if TYPE_CHECKING:
     from transfer.remote import Remote

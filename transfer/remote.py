@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
-from packer.errors import RemoteError
+from shardship.errors import RemoteError
 
 #: Read/write block for streaming files; SFTP splits it into 32 KiB requests.
 CHUNK = 1024 * 1024

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packer.config import human
-from packer.shards import sha256_file
+from shardship.units import human
+from shardship.hashing import sha256_file
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from packer.config import human, parse_size
-from packer.errors import Exit, QuotaError, RemoteError, ShardshipError
+from shardship.units import human, parse_size
+from shardship.errors import Exit, QuotaError, RemoteError, ShardshipError
 from transfer import unpack
-from packer.shards import sha256_file
+from shardship.hashing import sha256_file
 from transfer.hashing import RemoteHasher
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, Step, build_plan

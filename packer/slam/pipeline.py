@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from packer import __version__
-from packer.errors import SessionError, ShardshipError
+from shardship import __version__
+from shardship.errors import SessionError, ShardshipError
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
 from packer.slam.colmap import MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from packer.errors import ShardshipError
-from packer.imageops import cache_image_buffers
-from packer.shards import sha256_file
+from shardship.errors import ShardshipError
+from shardship.pil import cache_image_buffers
+from shardship.hashing import sha256_file
 from train.data import partition
 from train.data.decode import decode_jpeg, sample_arrays
 from train.data.index import ShardIndex

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packer import manifest
-from packer.errors import ShardshipError
+from shardship.format import index as manifest
+from shardship.errors import ShardshipError
 
 REQUIRED_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "has_action")
 

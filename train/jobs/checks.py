@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from packer.config import human
-from packer.errors import QuotaError, ShardshipError
+from shardship.units import human
+from shardship.errors import QuotaError, ShardshipError
 from train.jobs.spec import JobSpec
 from train.retention import peak_checkpoint_files
 

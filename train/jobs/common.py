@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 from train.jobs.spec import JobSpec, format_walltime
 
 _SAFE_DIRECTIVE = re.compile(r"^[^\s#'\"`$\\]+$")

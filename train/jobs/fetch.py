@@ -6,8 +6,8 @@ import posixpath
 from pathlib import Path
 from typing import Any
 
-from packer.config import ClusterConfig, Config
-from packer.errors import ShardshipError
+from shardship.config import ClusterConfig, Config
+from shardship.errors import ShardshipError
 from train.jobs.records import jobs_file, load_records
 from train.jobs.remote import connected
 

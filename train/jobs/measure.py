@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from packer.config import parse_size
+from shardship.units import parse_size
 from train.jobs import checks
 from train.jobs.spec import JobSpec
 

@@ -6,9 +6,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from packer.atomic import write_json
-from packer.config import Config
-from packer.errors import ShardshipError
+from shardship.atomic import write_json
+from shardship.config import Config
+from shardship.errors import ShardshipError
 
 JOBS_FILE = "jobs.json"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from packer.config import ClusterConfig
+from shardship.config import ClusterConfig
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ What it gets right that hand-written scripts often do not:
   resumes from `last`. (Where a site forbids rescheduling, `train submit` again.)"""
 from __future__ import annotations
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 from train.jobs.common import directive_value, fresh_checkpoint_test, header, launch_line, setup_block, wait_loop
 from train.jobs.spec import JobSpec
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from packer.config import parse_size
-from packer.errors import ShardshipError
+from shardship.units import parse_size
+from shardship.errors import ShardshipError
 from train.jobs.common import (continued, directive_value, fresh_checkpoint_test, header, launch_line, setup_block,
                                train_lines, wait_loop)
 from train.jobs.spec import RDZV_PORT, JobSpec

@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from packer.config import ClusterConfig, parse_size
-from packer.errors import ShardshipError
+from shardship.config import ClusterConfig
+from shardship.units import parse_size
+from shardship.errors import ShardshipError
 
 SCHEDULERS = ("sge", "slurm")
 # Fallbacks for the [train] keys the checks read when train.trainer cannot be imported;

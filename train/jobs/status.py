@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from packer.config import ClusterConfig, Config
+from shardship.config import ClusterConfig, Config
 from train.jobs.records import JobRecord, jobs_file, load_records
 from train.jobs.remote import connected
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from packer.config import ClusterConfig, Config, parse_size
-from packer.errors import RemoteError, ShardshipError
+from shardship.config import ClusterConfig, Config
+from shardship.units import parse_size
+from shardship.errors import RemoteError, ShardshipError
 from train.jobs import checks, measure
 from train.jobs import log_path as job_log_path
 from train.jobs import render

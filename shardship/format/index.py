@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packer import __version__
-from packer.atomic import write_json
-from packer.errors import ShardshipError
+from shardship import __version__
+from shardship.atomic import write_json
+from shardship.errors import ShardshipError
 
 INDEX = "index.json"
 FORMAT = "shardship-index"

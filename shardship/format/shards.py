@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packer.atomic import TMP_SUFFIX
+from shardship.atomic import TMP_SUFFIX
 
 BLOCK = 512
 
@@ -151,18 +151,3 @@ class ShardWriter:
             tmp.unlink(missing_ok=True)
         self._tmp_paths.clear()
         self._file = self._cur = None
-
-
-def sha256_file(path: str | os.PathLike, limit: int | None = None, bufsize: int = 1 << 20) -> str:
-    """sha256 of a file, or of its first `limit` bytes (a resumed upload's .part)."""
-    h = hashlib.sha256()
-    left = limit
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            b = f.read(bufsize if left is None else min(bufsize, left))
-            if not b:
-                break
-            h.update(b)
-            if left is not None:
-                left -= len(b)
-    return h.hexdigest()

@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from packer.errors import ShardshipError
+from shardship.errors import ShardshipError
 
 F = TypeVar("F", bound=Callable[..., Any])
 INTERRUPTED = "interrupted: finished work is saved; run the same command again to continue"

@@ -1,0 +1,2 @@
+"""The packed format: index.json (`index`) and the tar shards (`shards`), read and
+written here only (docs/FORMAT.md)."""

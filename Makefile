@@ -1,8 +1,11 @@
-# shardship: every target calls `python -m ...` from the project venv so that a
-# different `packer` on PATH cannot interfere.
+# shardship: every target calls the project venv's own console scripts by path
+# (.venv/bin/packer, ...): a different `packer` on PATH cannot interfere, and
+# neither can a train.py / packer.py of your own in this folder (which
+# `python -m train` would pick up first).
 PYTHON_BOOT ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
+BIN         := $(VENV)/bin
 # This machine has a local CPU wheel for torch 2.13.0; on a GPU cluster set
 # TORCH_SPEC= (empty) to keep the CUDA torch you already have.
 TORCH_SPEC  ?= torch==2.13.0
@@ -22,38 +25,39 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/install_pillow_simd.sh
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)",)
 	$(PY) -m pip install -q -e ".[dev]"
 	PY=$(PY) sh scripts/install_pillow_simd.sh
-	$(PY) -m packer check --pil
+	$(BIN)/packer check --pil
 	touch $@
 
 demo: install
-	PY=$(PY) sh scripts/demo.sh
+	PY=$(PY) BIN=$(BIN) sh scripts/demo.sh
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 slam: install
-	$(PY) -m packer slam --raw $(RAW)
+	$(BIN)/packer slam --raw $(RAW)
 
 pack: install
-	$(PY) -m packer pack --raw $(RAW) --out $(OUT)
+	$(BIN)/packer pack --raw $(RAW) --out $(OUT)
 
 budget: install
-	$(PY) -m packer budget --out $(OUT)
+	$(BIN)/packer budget --out $(OUT)
 
 upload: install
-	$(PY) -m transfer upload $(CLUSTER_OPT) --out $(OUT)
+	$(BIN)/transfer upload $(CLUSTER_OPT) --out $(OUT)
 
 train: install
-	$(PY) -m train run --data $(OUT)
+	$(BIN)/train run --data $(OUT)
 
 submit: install
-	$(PY) -m train submit $(CLUSTER_OPT)
+	$(BIN)/train submit $(CLUSTER_OPT)
 
 bench: install
 	$(PY) -m bench
 
 lint: install
-	$(PY) -m compileall -q packer transfer train bench tests
+	$(BIN)/ruff check
+	$(BIN)/mypy shardship packer transfer train
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

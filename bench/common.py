@@ -18,7 +18,7 @@ def machine() -> str:
         pass
     mem = ""
     try:
-        kb = int(next(l for l in open("/proc/meminfo") if l.startswith("MemTotal")).split()[1])
+        kb = int(next(ln for ln in open("/proc/meminfo") if ln.startswith("MemTotal")).split()[1])
         mem = f", {kb / 1024**2:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass

@@ -27,8 +27,9 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ class WorkerMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "WorkerMemory":
+    def __enter__(self) -> WorkerMemory:
         self._thread.start()
         return self
 
@@ -206,7 +207,10 @@ def gpu_rows(packed: Path, steps: int) -> list[dict]:
     """bf16 step time of the default policy fed by the reader, and the data wait."""
     if not torch.cuda.is_available():
         return []
-    from train.trainer import TrainConfig, amp_dtype, build_model, make_optimizer
+    from train.config import TrainConfig
+    from train.optim import make_optimizer
+    from train.runtime import amp_dtype
+    from train.state import build_model
 
     index = load_index(packed)
     dev = torch.device("cuda", 0)

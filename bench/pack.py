@@ -19,10 +19,10 @@ from pathlib import Path
 from PIL import Image
 
 from bench.common import machine, write_csv
-from shardship.config import PackOptions
 from packer.pack import pack
-from shardship.pil import describe
 from packer.session import discover, load_session
+from shardship.config import PackOptions
+from shardship.pil import describe
 
 
 def _frames(raw: Path) -> list[tuple[str, list[Path]]]:
@@ -114,7 +114,7 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
         # +-15% between seconds, which a single run per method would report as a ratio.
         singles, kernels, ref_times, pack_times = [], [], [], []
         n_ref = n_pack = 0
-        for rep in range(REPEATS):
+        for _ in range(REPEATS):
             singles.append(fresh(single_core_rate, raw))
             kernels.append(fresh(packer_kernel_rate, raw))
             n_ref, t = fresh(timed_reference, raw, work / "ref")

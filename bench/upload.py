@@ -176,7 +176,8 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
                     elif method == "scp":
                         _prepare_dir(s, "bench_scp")
                         times[method].append(_timed(
-                            ["scp", "-q", "-F", str(s.ssh_config), *map(str, files), f"{s.alias}:bench_scp/"], env, cpu[method]))
+                            ["scp", "-q", "-F", str(s.ssh_config), *map(str, files), f"{s.alias}:bench_scp/"],
+                            env, cpu[method]))
                         ok[method] &= _verify_copies(s.home / "bench_scp", index)
                     elif method == "rsync":
                         _prepare_dir(s, "bench_rsync")

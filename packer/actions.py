@@ -86,7 +86,7 @@ class RunningStats:
         self.lo = np.where(use, np.minimum(self.lo, x.min(0)), self.lo)
         self.hi = np.where(use, np.maximum(self.hi, x.max(0)), self.hi)
 
-    def merge(self, other: "RunningStats") -> None:
+    def merge(self, other: RunningStats) -> None:
         self.n += other.n
         self.s += other.s
         self.ss += other.ss
@@ -104,7 +104,7 @@ class RunningStats:
                 "min": np.where(seen, self.lo, 0.0).tolist(), "max": np.where(seen, self.hi, 0.0).tolist()}
 
     @classmethod
-    def from_json(cls, d: dict) -> "RunningStats":
+    def from_json(cls, d: dict) -> RunningStats:
         r = cls(len(d["sum"]))
         r.n = np.broadcast_to(np.asarray(d["n"], dtype=np.int64), r.s.shape).copy()
         r.s, r.ss = np.array(d["sum"], dtype=np.float64), np.array(d["sumsq"], dtype=np.float64)

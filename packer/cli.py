@@ -1,5 +1,6 @@
-"""`packer`: check, synth, slam, pack, budget. Thin: parse options, call the
-module that does the work, print a summary, exit with DESIGN.md's codes."""
+"""`packer`: check, synth, slam, pack, budget. Each command parses its options,
+calls the module that does the work, prints its summary and exits with a code
+from shardship.errors.Exit."""
 from __future__ import annotations
 
 import sys
@@ -9,9 +10,9 @@ import click
 
 from shardship.cliopts import config_option, friendly_errors, host_key_option
 from shardship.config import Config, PackOptions, load_config
-from shardship.units import human, parse_size
 from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.pil import describe
+from shardship.units import human
 
 CONFIG_OPT = config_option()
 
@@ -196,42 +197,11 @@ def _slam_stage(cfg: Config, quiet: bool):
 @friendly_errors
 def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:
     """Will data + checkpoints + env fit the cluster quota? Exit 3 when over."""
-    from shardship.format import index as manifest
-    from packer.budget import BudgetInputs, compute, render
+    from train.budget import plan_budget, render
 
     cfg = _cfg(config_path)
-    out_dir = Path(out) if out else cfg.packed
-    index = manifest.load(out_dir)
-    packed = sum(s["bytes"] for s in index["shards"]) + (out_dir / manifest.INDEX).stat().st_size
-    train_cfg = dict(cfg.train)
-    try:
-        from train.model import checkpoint_bytes
-        from train.trainer import TrainConfig
-    except ImportError as e:
-        raise ShardshipError(f"cannot size checkpoints: train.model unavailable ({e})") from None
-    ckpt = checkpoint_bytes({**train_cfg, "action_dim": index.get("action_dim") or 9,
-                             "horizon": index.get("horizon") or 16, "proprio_dim": len(index.get("joints", []))})
-    inputs = BudgetInputs(
-        packed_bytes=packed, packed_files=len(index["shards"]) + 1, checkpoint_bytes=ckpt,
-        keep=keep if keep is not None else int(train_cfg.get("keep", TrainConfig.keep)), quota_bytes=0,
-        env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
-    )
-    source = "default 10G"
-    if remote:
-        q, already = _live_quota(cfg, remote, index, accept_new_host_key)
-        if q is None or not q.limit_bytes:
-            raise ShardshipError(f"{remote}: no quota found (tried quota, lfs, mmlsquota, df): pass --quota SIZE")
-        # shards already uploaded are in `used` and in the packed-data row: count them once
-        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, max(0, (q.used_bytes or 0) - already)
-        inputs.inode_limit, inputs.inodes_used, source = q.inode_limit, q.inode_used or 0, f"{q.source} on {remote}"
-    elif quota:
-        inputs.quota_bytes, source = parse_size(quota), "--quota"
-    elif cfg.clusters and len(cfg.clusters) == 1 and next(iter(cfg.clusters.values())).quota != "auto":
-        c = next(iter(cfg.clusters.values()))
-        inputs.quota_bytes, source = parse_size(c.quota), f"[cluster.{c.name}] quota"
-    else:
-        inputs.quota_bytes = parse_size("10G")
-    b = compute(inputs)
+    b, source = plan_budget(cfg, Path(out) if out else cfg.packed, quota=quota, remote=remote, keep=keep,
+                            env_size=env_size, accept_new_host_key=accept_new_host_key)
     click.echo(render(b, source))
     if b.over:
         click.echo("\nOVER QUOTA. What would make it fit:", err=True)
@@ -239,18 +209,6 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
             click.echo(f"  - {s}", err=True)
         sys.exit(Exit.QUOTA)
     click.echo("fits.")
-
-
-def _live_quota(cfg: Config, name: str, index: dict, accept_new_host_key: bool):
-    """(quota, bytes of this dataset's shards already on the cluster), one connection."""
-    from transfer import connect, live_quota
-
-    with connect(cfg.cluster(name), accept_new_host_key=accept_new_host_key) as r:
-        q = live_quota(r, r.root)
-        present = r.listdir("")
-    already = sum(sh["bytes"] for sh in index["shards"]
-                  if sh["name"] in present and present[sh["name"]].size == sh["bytes"])
-    return q, already
 
 
 from packer.slam_cli import slam as _slam  # noqa: E402

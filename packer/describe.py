@@ -30,7 +30,8 @@ def describe(s: Session) -> tuple[str, list[str]]:
         lines.append("imu.json: absent" + (" (ARKit session: not needed)" if s.capture == "arkit"
                                             else " -> IMU scale impossible: --scale marker/known-distance/none"))
     lines.append(_glove(s))
-    md = s.metadata.get("shardship") if isinstance(s.metadata.get("shardship"), dict) else {}
+    ours = s.metadata.get("shardship")
+    md = ours if isinstance(ours, dict) else {}
     metric = f"metric, scale {md.get('scale'):.4g}" if md.get("metric") and md.get("scale") else "not metric"
     sf = s.metadata.get("scale_factor")
     lines.append(_POSES[s.pose_source].format(metric=metric, scale=f"{sf:.6g}" if isinstance(sf, (int, float)) else sf))

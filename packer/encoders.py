@@ -21,8 +21,8 @@ JOINTS = ("index_mcp", "index_pip", "three_finger_mcp", "three_finger_pip")
 UNITS = "degrees"
 READ_ERROR = -1.0  # the firmware's error value; never a real reading (not a multiple of 360/4096)
 ESP_WRAP = 2 ** 32  # millis() is a uint32
-MIN_MOTION_DEG = 1.0
-MAX_SPREAD = 0.25  # s: BLE delivers within a few connection intervals; more is not this clock  # a joint whose range is below this "never moves"
+MIN_MOTION_DEG = 1.0  # a joint whose range is below this "never moves"
+MAX_SPREAD = 0.25  # s: BLE delivers within a few connection intervals; more is not this clock
 
 
 @dataclass

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 from packer.session import Session
 
@@ -20,7 +23,9 @@ def _header(options: dict[str, Any], format_version: int) -> bytes:
     return json.dumps({"options": options, "format": format_version}, sort_keys=True).encode()
 
 
-def stat_signature(session: Session, keep: Sequence[int], options: dict[str, Any], format_version: int) -> str:
+def stat_signature(
+    session: Session, keep: Sequence[int] | np.ndarray, options: dict[str, Any], format_version: int
+) -> str:
     h = hashlib.sha256(_header(options, format_version))
     for name in INPUT_FILES:
         p = session.file(name)
@@ -36,8 +41,8 @@ def file_digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def content_fingerprint(session: Session, keep: Sequence[int], options: dict[str, Any], format_version: int,
-                        frame_digests: Iterable[bytes] | None = None) -> str:
+def content_fingerprint(session: Session, keep: Sequence[int] | np.ndarray, options: dict[str, Any],
+                        format_version: int, frame_digests: Iterable[bytes] | None = None) -> str:
     """sha256 over options + small input files + the kept frames' contents (read
     here unless `frame_digests`, one per kept frame, are given)."""
     h = hashlib.sha256(_header(options, format_version))

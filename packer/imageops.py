@@ -44,11 +44,13 @@ def resize_jpeg(data: bytes, spec: ResizeSpec) -> tuple[bytes, tuple[int, int]]:
     """JPEG bytes in, JPEG bytes of spec.size x spec.size out (+ the source size).
     Phone JPEGs decode to RGB already; converting only other modes skips a full-frame
     copy."""
-    im = Image.open(io.BytesIO(data))
+    im: Image.Image = Image.open(io.BytesIO(data))
     src_size = im.size
     if im.mode != "RGB":
         im = im.convert("RGB")
-    out = im.resize((spec.size, spec.size), Image.BILINEAR, box=crop_box(*src_size, spec.crop))
+    # Pillow sets its module-level filter constants in a loop (invisible to type checkers);
+    # Image.Resampling would need Pillow >= 9.1, which older pillow-simd releases predate
+    out = im.resize((spec.size, spec.size), Image.BILINEAR, box=crop_box(*src_size, spec.crop))  # type: ignore[attr-defined]
     im.close()  # frees the decoded frame's buffer now, for the encode below to reuse
     buf = io.BytesIO()
     out.save(buf, format="JPEG", quality=spec.quality)

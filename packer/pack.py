@@ -12,29 +12,32 @@ import json
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from shardship.format import index as manifest
-from packer.actions import POSE_DIMS, RunningStats, segmented_chunks
-from packer.clock import FrameClock, frame_clock
-from packer.encoders import JOINTS, UNITS, coverage
+from packer.actions import POSE_DIMS, RunningStats
+from packer.encoders import JOINTS, UNITS
+from packer.fingerprint import content_fingerprint, stat_signature
+from packer.imageops import ResizeSpec, process_frame
+from packer.intake import extract_all
+from packer.samples import SessionPlan, kept_frames, plan_session
+from packer.session import (
+    Session,
+    discover,
+    load_session,
+)
 from shardship.atomic import remove_stale_temps
 from shardship.config import PackOptions
-from shardship.units import human
 from shardship.errors import SessionError, ShardshipError
-from packer.fingerprint import content_fingerprint, stat_signature
-from packer.intake import extract_all
-from packer.imageops import ResizeSpec, process_frame, rescale_intrinsics
+from shardship.format import index as manifest
+from shardship.format.shards import ShardWriter
 from shardship.pil import cache_image_buffers
 from shardship.pil import describe as pil_describe
-from packer.session import (RAW_HEIGHT, RAW_WIDTH, Session, discover, load_encoders, load_pose_flags, load_poses,
-                            load_session, poses_are_metric)
-from shardship.format.shards import ShardWriter
+from shardship.units import human
 
 
 @dataclass
@@ -58,9 +61,6 @@ class PackReport:
         return 1.0 - self.packed_bytes / self.raw_bytes if self.raw_bytes else 0.0
 
 
-MIN_ENCODER_COVERAGE = 0.5  # below this the joints would mostly be held values: refuse
-
-
 def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
     """The options that change shard bytes (workers does not)."""
     d = asdict(opts)
@@ -68,109 +68,7 @@ def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
     return d
 
 
-@dataclass
-class _SessionPlan:
-    session: Session
-    signature: str  # stat signature; the content fingerprint comes from the workers
-    keep: np.ndarray  # positions into session.frames kept after stride
-    metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
-    action_stats: RunningStats | None
-    proprio_stats: RunningStats | None
-    joints_valid: bool
-    clock: dict[str, Any]
-    frames_without_pose: int
-
-
-def kept_frames(session: Session, opts: PackOptions) -> np.ndarray:
-    return np.arange(0, session.n_frames, max(1, opts.stride))
-
-
-def _plan_session(session: Session, opts: PackOptions, signature: str) -> _SessionPlan:
-    """Everything a sample's JSON needs, computed once per session in the main process."""
-    keep = kept_frames(session, opts)
-    t = session.timestamps[keep]
-    idx = [int(session.frames[i]) for i in keep]
-    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
-    k = rescale_intrinsics(session.intrinsics, RAW_WIDTH, RAW_HEIGHT, spec) if session.intrinsics else None
-
-    by_index = load_poses(session)
-    flags = load_pose_flags(session)
-    posed = np.array([by_index is not None and i in by_index for i in idx], dtype=bool)
-    clock = frame_clock(session, by_index)
-    joints, joints_valid = _joints(session, clock, t)
-    poses = np.stack([by_index[i] if p else np.eye(4) for i, p in zip(idx, posed)]) if posed.any() else None
-    actions, mask = segmented_chunks(poses, posed, joints, opts.horizon)
-    if posed.any() and not posed.all():
-        session.warnings.append(
-            f"poses.json covers frames {idx[int(np.argmax(posed))]}-{idx[len(idx) - 1 - int(np.argmax(posed[::-1]))]}"
-            f" of {idx[0]}-{idx[-1]}: {int((~posed).sum())} frame(s) outside get no pose and no action")
-
-    dims = np.ones(POSE_DIMS + len(JOINTS), bool)
-    dims[POSE_DIMS:] = joints_valid
-    astats = pstats = None
-    if actions is not None:
-        astats = RunningStats(actions.shape[-1])
-        astats.add(actions[posed][mask[posed].astype(bool)], dims)
-    if joints_valid:
-        pstats = RunningStats(len(JOINTS))
-        pstats.add(joints)
-
-    metric = bool(poses_are_metric(session) and poses is not None)
-    metas = []
-    for j, frame in enumerate(idx):
-        metas.append({
-            "session": session.name, "frame": frame, "timestamp": float(t[j]),
-            "image_size": [opts.size, opts.size], "intrinsics": k,
-            "pose": _r(poses[j]) if posed[j] else None,
-            "pose_metric": metric and bool(posed[j]),
-            "pose_flag": flags.get(frame, "given") if posed[j] else ("outside" if poses is not None else None),
-            "interpolated": flags.get(frame, "registered") != "registered" if posed[j] else False,
-            "proprio": _r(joints[j]),
-            "joints_valid": joints_valid,
-            "action": _r(actions[j]) if actions is not None and posed[j] else None,
-            "action_mask": mask[j].tolist(),
-        })
-    return _SessionPlan(session, signature, keep, metas, astats, pstats, joints_valid, clock.to_json(),
-                        int((~posed).sum()) if poses is not None else len(idx))
-
-
-def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndarray, bool]:
-    """(N, 4) joint angles in degrees at the kept frames' times, and whether they are
-    real. Without a usable glove recording the joints are zeros and masked, so the
-    session still packs with the same action layout as the others."""
-    zeros = np.zeros((len(t), len(JOINTS)))
-    enc = load_encoders(session)
-    if enc is None:
-        session.warnings.append("no encoders.json (the glove was not connected): joints masked")
-        return zeros, False
-    session.warnings.extend(enc.warnings)
-    if not enc.valid:
-        return zeros, False
-    if clock.frame0_epoch is None:
-        session.warnings.append("encoders.json: no clock to place the readings on the frames "
-                                "(no imu.json, no startTime): joints masked")
-        return zeros, False
-    epoch = clock.epoch(t)
-    cov = coverage(enc, epoch)
-    lo, hi = enc.span
-    if cov < MIN_ENCODER_COVERAGE:
-        raise session.error(
-            "encoders.json",
-            f"the readings ({lo - clock.frame0_epoch:+.2f} s to {hi - clock.frame0_epoch:+.2f} s from frame 0, "
-            f"placed by {clock.source}) cover {cov:.0%} of the video: the clocks disagree, so every joint would be "
-            "wrong; fix the timestamps, or remove encoders.json to pack with joints masked")
-    if cov < 0.95:
-        session.warnings.append(f"encoders.json covers {cov:.0%} of the video: joints held at the first/last reading "
-                                "outside it")
-    return enc.at(epoch), True
-
-
-def _r(x: np.ndarray) -> list:
-    """Micrometre / micro-radian precision: keeps sample JSON small."""
-    return np.round(x, 6).tolist()
-
-
-def _session_entry(plan: _SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
+def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
     s = plan.session
     return {
         "fingerprint": fingerprint, "stat_signature": plan.signature, "frames": s.n_frames, "samples": len(plan.keep),
@@ -291,7 +189,7 @@ def pack(
             _drop_session(index, out, name, delete_files=True)
             report.removed.append(name)
 
-    todo: list[_SessionPlan] = []
+    todo: list[SessionPlan] = []
     for s in sessions:
         try:
             keep = kept_frames(s, opts)
@@ -305,7 +203,7 @@ def pack(
                 if entry.get("warnings"):
                     report.warnings[s.name] = list(entry["warnings"])
                 continue
-            todo.append(_plan_session(s, opts, sig))
+            todo.append(plan_session(s, opts, sig))
         except SessionError as e:
             report.failed[s.name] = f"{e.path}: {e.reason}"
 
@@ -349,13 +247,13 @@ def _apply_compression(out: Path, index: dict[str, Any], mode: str) -> None:
         index["compression"].update(used=False, error=_disk_error(e, out))
 
 
-def _tasks(plans: Iterable[_SessionPlan], spec: ResizeSpec):
+def _tasks(plans: Iterable[SessionPlan], spec: ResizeSpec):
     for plan in plans:
         for i in plan.keep:
             yield (str(plan.session.frame_paths[i]), spec)
 
 
-def _encode_all(todo: list[_SessionPlan], out: Path, opts: PackOptions, index: dict[str, Any],
+def _encode_all(todo: list[SessionPlan], out: Path, opts: PackOptions, index: dict[str, Any],
                 report: PackReport, total: int, progress: bool) -> None:
     spec = ResizeSpec(opts.size, opts.crop, opts.quality)
     workers = opts.workers or os.cpu_count() or 1
@@ -379,7 +277,7 @@ def _encode_all(todo: list[_SessionPlan], out: Path, opts: PackOptions, index: d
         bar.close()
 
 
-def _encode_session(plan: _SessionPlan, results, out: Path, opts: PackOptions, index: dict[str, Any],
+def _encode_session(plan: SessionPlan, results, out: Path, opts: PackOptions, index: dict[str, Any],
                     report: PackReport, bar) -> None:
     """Consume exactly this session's results (even after a failure, to stay in step
     with the ordered result stream), write its shards, then publish it."""

@@ -17,8 +17,8 @@ import numpy as np
 
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
-from shardship.errors import SessionError
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
+from shardship.errors import SessionError
 
 RAW_WIDTH, RAW_HEIGHT = 480, 360
 MIN_FRAMES = 2
@@ -46,7 +46,7 @@ class Session:
     capture: str = CAPTURE_ULTRAWIDE  # "ultrawide" | "arkit"
     fps_source: str = "default"
     pose_source: str | None = None  # see poses_provenance()
-    imu: "Imu | None" = None  # imu.json, read once at load (None when absent)
+    imu: Imu | None = None  # imu.json, read once at load (None when absent)
     frame0_epoch: float | None = None  # first guess; packer.clock refines it
     frame0_source: str = ""
 
@@ -161,7 +161,9 @@ def _monotonic(name: str, file: str, t: np.ndarray, what: str) -> None:
     d = np.diff(t)
     if np.any(d <= 0):
         i = int(np.argmax(d <= 0))
-        raise SessionError(name, file, f"{what} not strictly increasing at entry {i + 1} ({t[i]:.6f} -> {t[i + 1]:.6f})")
+        raise SessionError(
+            name, file, f"{what} not strictly increasing at entry {i + 1} ({t[i]:.6f} -> {t[i + 1]:.6f})"
+        )
 
 
 def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Session:
@@ -268,7 +270,8 @@ def _frame_clock(s: Session) -> None:
     md, frames = s.metadata, s.frames
     pose_t = None
     if s.capture == CAPTURE_ARKIT and s.pose_entries:
-        by_index = {e["rgbIndex"]: e.get("timestamp") for e in s.pose_entries}
+        # raw JSON values: float() below refuses a missing (None) or non-numeric timestamp
+        by_index: dict[Any, Any] = {e["rgbIndex"]: e.get("timestamp") for e in s.pose_entries}
         try:
             if all(int(f) in by_index for f in frames):
                 pose_t = np.array([float(by_index[int(f)]) for f in frames], dtype=np.float64)
@@ -283,7 +286,8 @@ def _frame_clock(s: Session) -> None:
         spans.append(("encoders.json span", enc_span[1] - enc_span[0]))
     if start is not None and end is not None and end > start:
         spans.append(("metadata startTime/endTime", end - start))
-    count = max(int(frames[-1]) + 1, int(md.get("rgbFrameCount") or 0) if isinstance(md.get("rgbFrameCount"), int) else 0)
+    md_count = int(md.get("rgbFrameCount") or 0) if isinstance(md.get("rgbFrameCount"), int) else 0
+    count = max(int(frames[-1]) + 1, md_count)
     pose_dt = float(np.median(np.diff(pose_t))) if pose_t is not None else None
     s.fps, s.fps_source, warn = estimate_fps(count, spans, pose_dt)
     s.warnings.extend(warn)

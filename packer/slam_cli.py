@@ -50,9 +50,9 @@ def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapp
 
 def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_size, marker_dict,
          known_distance, plot, jobs, threads, force, quiet) -> int:
-    from shardship.config import load_config
     from packer.session import discover
     from packer.slam import SlamOptions, slam_sessions
+    from shardship.config import load_config
 
     cfg = load_config(config_path)
     opts = SlamOptions.from_config(

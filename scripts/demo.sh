@@ -3,23 +3,24 @@
 # "cluster". Everything lands under data/demo/ and outputs/demo/.
 set -eu
 PY=${PY:-.venv/bin/python}
+BIN=${BIN:-$(dirname "$PY")}  # console scripts: immune to a train.py of your own here
 DEMO=${DEMO:-data/demo}
 FRAMES=${FRAMES:-180}
 echo "== 1/6 synthetic sessions, zipped as the app exports them -> $DEMO/raw"
-[ -d "$DEMO/raw" ] || $PY -m packer synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip
-$PY -m packer check --raw "$DEMO/raw"
+[ -d "$DEMO/raw" ] || "$BIN/packer" synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip
+"$BIN/packer" check --raw "$DEMO/raw"
 echo "== 2/6 pack -> $DEMO/packed"
-$PY -m packer pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers
+"$BIN/packer" pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers
 echo "== 3/6 budget against a 10G quota"
-$PY -m packer budget --out "$DEMO/packed" --quota 10G
+"$BIN/packer" budget --out "$DEMO/packed" --quota 10G
 echo "== 4/6 upload to the local-directory cluster local:$DEMO/cluster (verified, resumable)"
-$PY -m transfer upload --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
-$PY -m transfer status --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
+"$BIN/transfer" upload --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
+"$BIN/transfer" status --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
 echo "== 5/6 train a small diffusion policy on the uploaded shards (CPU, ${STEPS:=300} steps; resumes if run again)"
-$PY -m train run --data "$DEMO/cluster/shardship" --out outputs/demo --model tiny --steps "$STEPS" \
+"$BIN/train" run --data "$DEMO/cluster/shardship" --out outputs/demo --model tiny --steps "$STEPS" \
     --warmup 20 --lr 1e-3 --checkpoint-every 100 --val-every 100
 echo "== 6/6 evaluate the EMA policy on the validation sessions"
-$PY -m train eval --data "$DEMO/cluster/shardship" --out outputs/demo
+"$BIN/train" eval --data "$DEMO/cluster/shardship" --out outputs/demo
 echo
 echo "demo done: raw sessions in $DEMO/raw, shards + index.json in $DEMO/packed,"
 echo "           uploaded copy in $DEMO/cluster/shardship,"

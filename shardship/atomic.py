@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, BinaryIO
+from typing import Any, BinaryIO
 
 TMP_SUFFIX = ".tmp"
 

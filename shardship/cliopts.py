@@ -1,12 +1,13 @@
 """Shared CLI plumbing for packer, transfer and train: expected failures become
-one line on stderr and an exit code from DESIGN.md; ctrl-C says what was kept."""
+one line on stderr and an exit code (shardship.errors.Exit); ctrl-C says what was kept."""
 from __future__ import annotations
 
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import click
 

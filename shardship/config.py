@@ -96,7 +96,8 @@ class Config:
                 "or pass --cluster local:PATH"
             )
         raise ShardshipError(
-            f"{len(self.clusters)} clusters configured ({', '.join(sorted(self.clusters))}): pick one with --cluster NAME"
+            f"{len(self.clusters)} clusters configured ({', '.join(sorted(self.clusters))}): "
+            "pick one with --cluster NAME"
         )
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from packer.budget import BudgetInputs, compute
 from shardship.units import parse_size
+from train.budget import BudgetInputs, compute
 
 G = 1024**3
 M = 1024**2
@@ -71,10 +71,10 @@ def test_live_quota_counts_uploaded_shards_once(tmp_path):
     """budget --remote on a real size-limited filesystem: the live `used` includes
     shards already uploaded; they must not be counted again as packed data."""
     pytest.importorskip("train.model")
-    from shardship.format import index as manifest
-    from packer.cli import _live_quota
     from shardship.config import Config
+    from shardship.format import index as manifest
     from tests.datasets import make_packed
+    from train.budget import live_quota_and_uploaded as _live_quota
 
     out = make_packed(tmp_path, sessions=1, frames=20, seed=2)
     mnt = tmp_path / "home"

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardship.config import PackOptions
 from packer.encoders import JOINTS, EncoderFormatError, esp_clock, from_rows, unwrap_valid
 from packer.pack import pack
 from packer.session import capture_mode, poses_provenance
 from packer.timebase import estimate_fps
+from shardship.config import PackOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 

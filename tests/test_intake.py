@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from packer import intake
-from shardship.errors import SessionError
 from packer.intake import Extracted, extract_all, extract_export, find_exports
+from shardship.errors import SessionError
 
 NAME = "session_2024-05-01_120000"
 

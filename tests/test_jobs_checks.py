@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from shardship.config import ClusterConfig, Config
 from shardship.errors import QuotaError, ShardshipError
@@ -141,10 +141,11 @@ def test_state_parsers_on_real_scheduler_output() -> None:
     assert st.state == "CANCELLED" and st.exit_code == 128 + 15 and st.restarts == 1
     assert parse_scontrol(sc, "4") is None
 
-    qstat = ("job-ID  prior   name       user         state submit/start at     queue                          slots ja-task-ID \n"
+    # verbatim qstat output: one fixed-width row per line keeps the columns readable
+    qstat = ("job-ID  prior   name       user         state submit/start at     queue                          slots ja-task-ID \n"  # noqa: E501
              "-----------------------------------------------------------------------------------------------------------------\n"
-             "      3 0.50000 rqtest     shardship-te r     11/21/2026 22:32:15 all.q@vm                           2        \n"
-             "      4 0.50000 rq99       shardship-te Rq    11/21/2026 22:34:06                                    1        \n")
+             "      3 0.50000 rqtest     shardship-te r     11/21/2026 22:32:15 all.q@vm                           2        \n"  # noqa: E501
+             "      4 0.50000 rq99       shardship-te Rq    11/21/2026 22:34:06                                    1        \n")  # noqa: E501
     assert parse_qstat(qstat, "3").state == "RUNNING"
     assert parse_qstat(qstat, "4").state == "REQUEUED"
     assert parse_qstat(qstat, "5") is None
@@ -155,7 +156,8 @@ def test_state_parsers_on_real_scheduler_output() -> None:
                "exit_status  137                  (Killed)\n")
     st = parse_qacct(timeout, "2")
     assert st.state == "TIMEOUT" and st.exit_code == 137
-    resched = (sep + "jobnumber    4                   \nfailed       25  : rescheduling\nexit_status  99                  \n"
+    resched = (sep + "jobnumber    4                   \nfailed       25  : rescheduling\n"
+               "exit_status  99                  \n"
                + sep + "jobnumber    4                   \nfailed       0    \nexit_status  0                   \n")
     st = parse_qacct(resched, "4")
     assert st.state == "COMPLETED" and st.restarts == 1
@@ -206,10 +208,27 @@ def test_dry_run_refuses_without_data_and_writes_nothing(tmp_path: Path) -> None
     assert not (tmp_path / "outputs" / "jobs.json").exists()
 
 
+def test_damaged_remote_index_is_a_data_finding(tmp_path: Path) -> None:
+    cfg, cl = _local_cfg(tmp_path)
+    (tmp_path / "home" / "shardship" / "index.json").write_text('{"format": "shardship-index", "shards": [')
+    res = submit_job(cfg, cl, dry_run=True, probe=False, bench_csv=tmp_path / "none.csv")
+    data = [f.message for f in checks.errors(res.plan.findings) if f.check == "data"]
+    assert data and "index.json: not valid JSON" in data[0] and "re-run `transfer upload`" in data[0]
+
+
+def _stub_index() -> str:
+    """A valid index.json with no shards: what the checks read for sizing."""
+    from shardship.format import index as fmt
+
+    doc = fmt.empty({"horizon": 16}, "test")
+    doc.update(action_dim=9, joints=[])
+    return json.dumps(doc)
+
+
 def test_submit_refuses_over_quota_before_writing(tmp_path: Path) -> None:
     cfg, cl = _local_cfg(tmp_path, quota="20M")
     root = tmp_path / "home" / "shardship"
-    (root / "index.json").write_text(json.dumps({"action_dim": 9, "horizon": 16, "joints": []}))
+    (root / "index.json").write_text(_stub_index())
     cfg.train = {"batch_size": 4, "num_workers": 1, "keep": 3}  # default model: ~100 MB checkpoints
     with pytest.raises(QuotaError, match="quota = 20M"):
         submit_job(cfg, cl, probe=False, bench_csv=tmp_path / "none.csv")
@@ -220,7 +239,7 @@ def test_submit_refuses_over_quota_before_writing(tmp_path: Path) -> None:
 def _write_local_config(tmp_path: Path, mem: str = "8G") -> Path:
     home = tmp_path / "home"
     (home / "shardship").mkdir(parents=True)
-    (home / "shardship" / "index.json").write_text(json.dumps({"action_dim": 9, "horizon": 16, "joints": []}))
+    (home / "shardship" / "index.json").write_text(_stub_index())
     cfg = tmp_path / "shardship.toml"
     cfg.write_text(
         f'[paths]\noutputs = "{tmp_path / "outputs"}"\npacked = "{tmp_path / "nothing"}"\n'

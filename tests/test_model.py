@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from train.evaluate import chunk_errors, rot6d_to_matrix, rotation_error_deg
-from train.model import (DiffusionPolicy, checkpoint_bytes, cosine_alphas_cumprod, ddim_timesteps, model_config,
-                         parameter_count, random_shift)
+from train.model import (
+    DiffusionPolicy,
+    checkpoint_bytes,
+    cosine_alphas_cumprod,
+    ddim_timesteps,
+    model_config,
+    parameter_count,
+    random_shift,
+)
 from train.trainer import EMA, TrainConfig, checkpoint_payload, lr_lambda, make_optimizer, make_scaler, rng_state
 
 TINY = dict(obs_size=32, enc_channels=[8, 16, 32], embed_dim=32, proprio_embed=8, time_embed=16,
@@ -149,7 +156,8 @@ def test_parameter_count_and_checkpoint_bytes_match_reality(cfg: dict) -> None:
     state = checkpoint_payload(
         model, ema, opt, sched, make_scaler(False), step=1, total_steps=10,
         reader={"seed": 0, "epoch": 0, "consumed": 8, "n_samples": 100, "fingerprint": "0" * 16},
-        rngs=[copy.deepcopy(rng_state(torch.device("cpu"))) for _ in range(8)], world_size=8, global_batch=32, cfg=tc, best_val=None,
+        rngs=[copy.deepcopy(rng_state(torch.device("cpu"))) for _ in range(8)], world_size=8, global_batch=32,
+        cfg=tc, best_val=None,
         sessions=(["a", "b"], ["c"]), data={"root": "/x"})
     buf = io.BytesIO()
     torch.save(state, buf)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from shardship.format import index as manifest
-from shardship.config import PackOptions
 from packer.pack import pack
+from shardship.config import PackOptions
+from shardship.format import index as manifest
 from shardship.hashing import sha256_file
 from tests.conftest import ROOT, is_root
 
@@ -40,7 +40,7 @@ def assert_consistent(out: Path) -> dict:
         assert sha256_file(p) == sh["sha256"], sh["name"]
         names.add(sh["name"])
         with open(p, "rb") as f:
-            for key, jo, js, mo, ms, _ in sh["samples"]:
+            for key, jo, _, mo, ms, _ in sh["samples"]:
                 f.seek(jo)
                 assert f.read(2) == b"\xff\xd8"
                 f.seek(mo)
@@ -148,7 +148,8 @@ def test_non_monotonic_timestamps(raw_copy: Path, tmp_path: Path):
     ts = [i / 60 for i in range(n)]
     ts[10], ts[11] = ts[11], ts[10]
     eye = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
-    (victim / "poses.json").write_text(json.dumps([{"timestamp": t, "rgbIndex": i, "transform": eye} for i, t in enumerate(ts)]))
+    (victim / "poses.json").write_text(
+        json.dumps([{"timestamp": t, "rgbIndex": i, "transform": eye} for i, t in enumerate(ts)]))
     r = pack(raw_copy, tmp_path / "p", opts(), progress=False)
     assert "poses.json" in r.failed[victim.name] and "not strictly increasing" in r.failed[victim.name]
     assert len(r.packed) == 2

@@ -17,8 +17,7 @@ from PIL import Image
 
 from shardship.errors import ShardshipError
 from tests.datasets import make_packed
-from train.data import ShardDataset, load_index, make_loader, verify_shards
-from train.data import partition
+from train.data import ShardDataset, load_index, make_loader, partition, verify_shards
 from train.data.dataset import unwrap_worker_error
 from train.data.index import split_sessions
 

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from packer.actions import action_chunks
-from shardship.config import PackOptions
 from packer.pack import pack
 from packer.slam import SlamOptions, slam_sessions
 from packer.synth import synth_session, truth
 from packer.synth.usertools import write_user_slam
+from shardship.config import PackOptions
 
 pytestmark = pytest.mark.slow
 

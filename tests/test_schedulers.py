@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -141,11 +142,6 @@ class RunAsRemote:
 
     def sh(self, script: str, *args: str, cwd=None, timeout=None):
         return self.run(["sh", "-s", "--", *args], cwd=cwd, stdin=script.encode(), timeout=timeout)
-
-    def quota(self, path=None):
-        from transfer.quota import live_quota
-
-        return live_quota(self, path or self._r.root)
 
     def __enter__(self):
         return self
@@ -362,6 +358,10 @@ def test_slurm_job_at_its_wall_clock_requeues_and_resumes(site: Site, packed: Pa
             assert m2 and int(m2.group(1)) == stopped, log
             cancel(remote, rec)
             assert query_state(remote, "slurm", rec.job_id).state == "CANCELLED"
+            # scancel's SIGTERM makes the ranks save a last checkpoint; SLURM may drop the job
+            # from squeue before they finish writing it: read last.pt once they are gone
+            wait_for("the cancelled run's ranks to exit", lambda: subprocess.run(
+                ["pgrep", "-f", f"{remote_dir}/outputs/wall"], capture_output=True).returncode == 1, 90, every=1)
 
             # resubmitting by hand (`train submit` again) also continues from last
             k = last_checkpoint_step(site, remote_dir, "wall")

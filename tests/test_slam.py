@@ -15,8 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from packer.session import load_session
-from packer.slam import FLAG_NAMES, REGISTERED, SlamOptions, slam_session, slam_sessions
-from packer.slam import store
+from packer.slam import FLAG_NAMES, REGISTERED, SlamOptions, slam_session, slam_sessions, store
 from packer.slam.rotations import umeyama
 from packer.slam_cli import slam
 from packer.synth import synth_session, truth
@@ -139,7 +138,8 @@ def test_foreign_poses_are_kept_and_arkit_is_skipped(tmp_path):
 
 
 def test_rotation_only_session_is_refused_with_reason(tmp_path):
-    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")  # 2 s: enough IMU intervals that the refusal is about motion, not length
+    # 2 s: enough IMU intervals that the refusal is about motion, not length
+    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")
     r = slam_session(d, fast())
     assert r.failed
     assert "translat" in r.message and ("pure rotation" in r.message or "barely" in r.message), r.message

@@ -17,8 +17,7 @@ import cv2
 import numpy as np
 import pytest
 
-from packer.synth import JOINT_NAMES, TRUTH_FILE, session_name, synth_dataset, synth_session, truth
-from packer.synth import swift_json
+from packer.synth import JOINT_NAMES, TRUTH_FILE, session_name, swift_json, synth_dataset, synth_session, truth
 from packer.synth.trajectory import so3_exp, so3_log
 from packer.synth.usertools import write_user_slam
 
@@ -529,7 +528,8 @@ def test_imu_offset_sign_and_recoverable(sess: Path) -> None:
     cands = tau[0] + np.arange(-0.05, 0.12, 0.0005)
     err = [np.mean((np.interp(mid[5:-5] + d, tau, speed) - vis[5:-5]) ** 2) for d in cands]
     assert cands[int(np.argmin(err))] == pytest.approx(t["imu_offset"], abs=0.002)
-    assert t["imu_offset"] - tau[0] == pytest.approx(t["frame0_epoch"] - t["capture_start_epoch"] + t["imu_latency"], abs=0.006)
+    assert t["imu_offset"] - tau[0] == pytest.approx(
+        t["frame0_epoch"] - t["capture_start_epoch"] + t["imu_latency"], abs=0.006)
 
 
 def test_accel_is_gravity_removed_linear_acceleration(sess: Path) -> None:

@@ -19,9 +19,10 @@ import pytest
 
 from shardship.errors import QuotaError, RemoteError
 from tests.sshd import SSHD, make_packed  # noqa: F401 (fixtures come from conftest)
-from transfer import connect
+from transfer import connect, hashing
 from transfer.hostkeys import UnknownHostKey
 from transfer.pull import pull
+from transfer.quota import free, live_quota
 from transfer.upload import DiskFullError, UnsafeShardError, upload
 
 pytestmark = pytest.mark.sshd
@@ -263,8 +264,8 @@ def test_names_with_shell_metacharacters_cannot_inject(sshd_home: SSHD, tmp_path
         assert remote.run(["echo", "$(id)", ";", "`id`", "&&", "a b"]).stdout == "$(id) ; `id` && a b\n"
         res = upload(remote, out, progress=False)
         assert res.outcomes[0].done
-        assert remote.sha256(shard) == index["shards"][0]["sha256"]
-        assert remote.quota() is not None
+        assert hashing.sha256(remote, shard) == index["shards"][0]["sha256"]
+        assert live_quota(remote) is not None
     d = s.home / remote_dir
     assert sha(d / shard) == index["shards"][0]["sha256"]
     injected = [p for p in s.home.rglob("*") if p.name.startswith("INJ")]
@@ -318,11 +319,11 @@ def test_live_quota_is_the_tmpfs(sshd_home: SSHD) -> None:
     s = sshd_home
     s.fill(10 * MiB)
     with connect(s.cluster()) as remote:
-        q = remote.quota()
+        q = live_quota(remote)
     assert q.source == "df -P" and q.limit_bytes == s.quota_bytes
     assert abs(q.used_bytes - s.used_bytes()) < MiB and q.headroom_bytes <= s.quota_bytes - 10 * MiB
     with connect(s.cluster()) as remote:
-        assert abs(remote.free() - (s.quota_bytes - s.used_bytes())) < MiB
+        assert abs(free(remote) - (s.quota_bytes - s.used_bytes())) < MiB
 
 
 def test_pull_back_with_resume(sshd_home: SSHD, tmp_path: Path) -> None:

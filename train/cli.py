@@ -13,7 +13,6 @@ import click
 
 from shardship.cliopts import config_option, friendly_errors
 
-
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
 
 
@@ -57,7 +56,8 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         preset: str | None, **overrides: Any) -> None:
     """Train the diffusion policy on the packed shards (resumes automatically)."""
     from shardship.config import load_config
-    from train.trainer import TrainConfig, train
+    from train.config import TrainConfig
+    from train.trainer import train
 
     cfg = load_config(config_path)
     where = f"{cfg.path or 'shardship.toml'} [train]"

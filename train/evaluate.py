@@ -17,10 +17,10 @@ import torch
 
 from shardship.atomic import atomic_open, write_json
 from shardship.errors import ShardshipError
+from train.checkpoint import load_checkpoint
 from train.data import ShardDataset, load_index, make_loader, verify_shards
 from train.data.dataset import unwrap_worker_error
 from train.model import DiffusionPolicy
-from train.trainer import load_checkpoint
 
 
 def rot6d_to_matrix(x: np.ndarray) -> np.ndarray:
@@ -120,8 +120,8 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
         except ShardshipError as e:
             raise unwrap_worker_error(e) from None
         keep = batch["weight"] > 0
-        pred = model.sample(batch["image"].to(dev), batch["proprio"].to(dev), steps=ddim_steps, generator=gen)
-        preds.append(pred.float().cpu()[keep].numpy())
+        sampled = model.sample(batch["image"].to(dev), batch["proprio"].to(dev), steps=ddim_steps, generator=gen)
+        preds.append(sampled.float().cpu()[keep].numpy())
         trues.append(batch["action"][keep].numpy())
         masks.append(batch["action_mask"][keep].numpy())
         jvalid.append(batch["joints_valid"][keep].numpy())

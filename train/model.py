@@ -16,7 +16,8 @@ quota table."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -25,72 +26,9 @@ import torch.nn.functional as F
 from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 
-DEFAULTS: dict[str, Any] = {
-    "preset": "small",  # a named starting point (PRESETS), the other keys override it
-    # data-derived (index.json); callers pass the real values
-    "image_size": 224,
-    "action_dim": 13,  # 3 pos + 6 rot6d + 4 joints
-    "proprio_dim": 4,
-    "horizon": 16,
-    # model
-    "obs_size": 96,  # images are resized to obs_size x obs_size before the encoder
-    "enc_channels": [32, 64, 128, 256],
-    "embed_dim": 256,
-    "proprio_embed": 64,
-    "time_embed": 128,
-    "unet_dims": [64, 128, 256],
-    "kernel_size": 5,
-    "groups": 8,
-    "diffusion_steps": 100,
-    "ddim_steps": 10,
-    "prediction": "epsilon",  # what the denoiser predicts: "epsilon" (noise) or "sample" (clean chunk)
-    "clip_sample": 5.0,  # clamp predicted x0 (z-scored units) while sampling
-    "aug_shift": 4,  # random-shift augmentation (pixels at obs_size) while training
-}
-MODEL_KEYS = frozenset(DEFAULTS)
-
-# Named sizes. "small" (the defaults, ~6.8M parameters, ~110 MB per checkpoint)
-# suits a 10 GB home quota; "tiny" trains on a laptop CPU in minutes (the demo);
-# "base" is closer to the published diffusion-policy U-Net (~20M parameters).
-PRESETS: dict[str, dict[str, Any]] = {
-    # tiny predicts the clean chunk: with few steps an epsilon model's DDIM samples
-    # still run into the clip range, a sample model's stay near the data
-    "tiny": {"obs_size": 48, "enc_channels": [16, 32, 64], "embed_dim": 64, "proprio_embed": 16, "time_embed": 32,
-             "unet_dims": [32, 64, 128], "diffusion_steps": 50, "ddim_steps": 8, "prediction": "sample"},
-    "small": {},
-    "base": {"unet_dims": [128, 256, 512]},
-}
-
-
-def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
-    """DEFAULTS, then the named preset, then the model keys of `cfg` (other keys,
-    e.g. the rest of a [train] section, are ignored), of its `model` sub-table,
-    and `overrides`."""
-    cfg = dict(cfg or {})
-    nested = cfg.get("model") if isinstance(cfg.get("model"), Mapping) else {}  # [train.model] table
-    preset = overrides.get("preset") or nested.get("preset") or cfg.get("preset") or DEFAULTS["preset"]
-    if preset not in PRESETS:
-        raise ShardshipError(f"model preset {preset!r} unknown (known: {', '.join(PRESETS)})")
-    out = {k: (list(v) if isinstance(v, list) else v) for k, v in {**DEFAULTS, **PRESETS[preset]}.items()}
-    out["preset"] = preset
-    for src in cfg, nested, overrides:
-        for k, v in src.items():
-            if k in MODEL_KEYS and v is not None:
-                out[k] = list(v) if isinstance(v, (list, tuple)) else v
-    for k in ("image_size", "action_dim", "proprio_dim", "horizon", "obs_size", "embed_dim", "proprio_embed",
-              "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift"):
-        out[k] = int(out[k])
-    out["clip_sample"] = float(out["clip_sample"])
-    if out["prediction"] not in ("epsilon", "sample"):
-        raise ShardshipError(f"model config: prediction must be epsilon or sample (got {out['prediction']!r})")
-    if out["action_dim"] < 1 or out["horizon"] < 1 or out["proprio_dim"] < 0:
-        raise ShardshipError(f"model config: action_dim/horizon must be >= 1, proprio_dim >= 0 (got {out['action_dim']}, "
-                             f"{out['horizon']}, {out['proprio_dim']})")
-    if not out["enc_channels"] or not out["unet_dims"]:
-        raise ShardshipError("model config: enc_channels and unet_dims must not be empty")
-    if out["kernel_size"] % 2 == 0:
-        raise ShardshipError(f"model config: kernel_size must be odd (got {out['kernel_size']})")
-    return out
+# The model's config schema is torch-free (packer budget, job checks): it lives in
+# train.config and is re-exported here for the callers that know it as train.model's.
+from train.config import DEFAULTS, MODEL_KEYS, PRESETS, model_config  # noqa: F401
 
 
 def _gn(channels: int, groups: int) -> nn.GroupNorm:
@@ -105,7 +43,8 @@ class ResBlock2d(nn.Module):
         self.norm1 = _gn(cout, groups)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
         self.norm2 = _gn(cout, groups)
-        self.skip = nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if (cin != cout or stride != 1) else nn.Identity()
+        self.skip = (nn.Conv2d(cin, cout, 1, stride=stride, bias=False) if (cin != cout or stride != 1)
+                     else nn.Identity())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.norm1(self.conv1(x)))
@@ -138,7 +77,8 @@ class SinusoidalEmbedding(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         half = self.dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(1, half - 1))
+        steps = torch.arange(half, device=t.device, dtype=torch.float32)
+        freqs = torch.exp(-math.log(10000.0) * steps / max(1, half - 1))
         args = t.float()[:, None] * freqs[None, :]
         emb = torch.cat([args.sin(), args.cos()], dim=-1)
         return F.pad(emb, (0, self.dim - emb.shape[-1]))
@@ -205,13 +145,17 @@ class TemporalUNet(nn.Module):
         if pad:
             x = F.pad(x, (0, pad), mode="replicate")
         skips = []
-        for res1, res2, down in self.downs:
+        for level in self.downs:
+            assert isinstance(level, nn.ModuleList)  # built in __init__: (res block, res block, downsample)
+            res1, res2, down = level
             x = res2(res1(x, cond), cond)
             skips.append(x)
             x = down(x)
         for res in self.mids:
             x = res(x, cond)
-        for res1, res2, up in self.ups:
+        for level in self.ups:
+            assert isinstance(level, nn.ModuleList)  # built in __init__: (res block, res block, upsample)
+            res1, res2, up = level
             x = torch.cat([x, skips.pop()], dim=1)
             x = up(res2(res1(x, cond), cond))
         return self.final(x)[..., :t]
@@ -241,12 +185,20 @@ def ddim_timesteps(train_steps: int, sample_steps: int) -> list[int]:
 class DiffusionPolicy(nn.Module):
     """forward(batch) -> training loss; sample(image, proprio) -> action chunks."""
 
+    # buffers, set by register_buffer in __init__ (declared here for type checkers)
+    action_mean: torch.Tensor
+    action_std: torch.Tensor
+    proprio_mean: torch.Tensor
+    proprio_std: torch.Tensor
+    alphas_cumprod: torch.Tensor
+
     def __init__(self, cfg: Mapping[str, Any] | None = None):
         super().__init__()
         self.cfg = model_config(cfg)
         c = self.cfg
         self.encoder = ImageEncoder(c["enc_channels"], c["embed_dim"], c["groups"])
         obs_dim = c["embed_dim"]
+        self.proprio_mlp: nn.Sequential | None
         if c["proprio_dim"] > 0:
             self.proprio_mlp = nn.Sequential(nn.Linear(c["proprio_dim"], c["proprio_embed"]), nn.Mish(),
                                              nn.Linear(c["proprio_embed"], c["proprio_embed"]))

@@ -1,6 +1,6 @@
-"""How many checkpoint files the trainer's retention (train/trainer.py `save`) has on
-disk at its peak. Torch-free, so `packer budget` and the pre-submit quota check
-size checkpoints by the same rule."""
+"""How many checkpoint files the trainer's retention (train/checkpoint.py
+`write_checkpoint`) has on disk at its peak. Torch-free, so `packer budget` and
+the pre-submit quota check size checkpoints by the same rule."""
 
 
 def peak_checkpoint_files(keep: int) -> int:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from shardship.config import ClusterConfig
 
 
-def remote_quota(cluster: "ClusterConfig", accept_new_host_key: bool = False) -> Quota | None:
+def remote_quota(cluster: ClusterConfig, accept_new_host_key: bool = False) -> Quota | None:
     """Live quota of `cluster.remote_dir` over one connection (for `packer budget --remote`)."""
     with connect(cluster, accept_new_host_key) as remote:
         return live_quota(remote, remote.root)

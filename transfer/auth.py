@@ -15,8 +15,9 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import paramiko
 from paramiko.auth_strategy import AuthFailure, AuthResult, AuthStrategy, SourceResult

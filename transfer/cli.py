@@ -7,18 +7,18 @@ connection, 1 partial (disk full mid-way: verified shards kept).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 
 from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
-
 from shardship.config import load_config
+from shardship.errors import Exit, QuotaError, ShardshipError
 from shardship.units import human, parse_size
-from shardship.errors import QuotaError, ShardshipError
 from transfer.connection import connect
 from transfer.plan import DEFAULT_MARGIN
+from transfer.quota import live_quota
 
 
 def _common(f: Callable) -> Callable:
@@ -52,13 +52,13 @@ def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new
     """Live quota and usage (space and inodes) of the cluster's remote_dir."""
     cfg, cl, _ = _setup(cluster, config, out)
     with connect(cl, accept_new_host_key) as remote:
-        q = remote.quota()
+        q = live_quota(remote)
         if as_json:
             click.echo(json.dumps({"where": f"{remote.label}:{remote.root}", **(q.__dict__ if q else {}),
                                    "headroom_bytes": q.headroom_bytes if q else None}))
             return
         if q is None:
-            raise ShardshipError(f"{remote.label}: no quota tool answered (not even df)", code=4)
+            raise ShardshipError(f"{remote.label}: no quota tool answered (not even df)", code=Exit.REMOTE)
         click.echo(f"{remote.label}:{remote.root}")
         click.echo(f"  space : {human(q.used_bytes or 0)} used" +
                    (f" of {human(q.limit_bytes)}" if q.limit_bytes is not None else "") +
@@ -71,7 +71,8 @@ def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new
 @main.command()
 @_common
 @click.option("--dry-run", is_flag=True,
-              help="Print the plan (what would be sent, peak usage vs quota); send nothing. Exit 3 if it would not fit.")
+              help="Print the plan (what would be sent, peak usage vs quota); send nothing. "
+                   "Exit 3 if it would not fit.")
 @click.option("--margin", default=DEFAULT_MARGIN, show_default=True,
               help="Safety margin kept free under the quota: a percentage of the limit or a size (200M).")
 @click.option("--bwlimit", default=None, help="Limit the upload rate, e.g. 20M (bytes per second).")
@@ -105,7 +106,8 @@ def status(cluster: str | None, config: Path | None, out: Path | None, accept_ne
            verify: bool) -> None:
     """What is local, remote, verified, missing."""
     from transfer.manifest import load_local
-    from transfer.status import local_verify, status as do_status
+    from transfer.status import local_verify
+    from transfer.status import status as do_status
 
     cfg, cl, packed = _setup(cluster, config, out)
     with connect(cl, accept_new_host_key) as remote:

@@ -9,7 +9,8 @@ prompts go to the terminal (see auth). Connection problems become one-line
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from shardship.config import ClusterConfig
 from shardship.errors import RemoteError
@@ -53,7 +54,8 @@ def connect(cluster: ClusterConfig, accept_new_host_key: bool = False, *, prompt
     if cluster.is_local:
         return LocalRemote(local_home(cluster.host), cluster.remote_dir, cluster.python)
     if not cluster.host:
-        raise RemoteError(f"[cluster.{cluster.name}] has no host: set host = \"login.example.edu\" (or an ~/.ssh/config alias)")
+        raise RemoteError(f"[cluster.{cluster.name}] has no host: "
+                          "set host = \"login.example.edu\" (or an ~/.ssh/config alias)")
     conn = _open(cluster, accept_new_host_key, prompter)
     label = f"{conn.user}@{cluster.host}"
     try:
@@ -107,7 +109,7 @@ def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -
         _close_quietly(conn)
         raise RemoteError(f"{where}: cannot resolve host name ({e.strerror}); check host in shardship.toml "
                           f"or the Host alias in ~/.ssh/config") from None
-    except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, socket.timeout, TimeoutError) as e:
+    except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, TimeoutError) as e:
         _close_quietly(conn)
         raise RemoteError(f"{where}: cannot connect ({e}); check the host, port and your network/VPN") from None
     except (paramiko.SSHException, EOFError, OSError) as e:

@@ -15,12 +15,10 @@ never pasted into a command string.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
 
 from shardship.errors import RemoteError
-
-if TYPE_CHECKING:
-    from transfer.remote import Remote
+from transfer.remote import Remote
 
 BATCH = 200  # files per remote command (stays far below ARG_MAX)
 
@@ -66,7 +64,7 @@ def parse_sha256sum(text: str) -> dict[str, str]:
     return out
 
 
-def _with_python(remote: "Remote", batch: list[str]) -> tuple[dict[str, str] | None, str]:
+def _with_python(remote: Remote, batch: list[str]) -> tuple[dict[str, str] | None, str]:
     res = remote.run(["python3", "-", *batch], stdin=PY_SHA256.encode())
     if res.returncode == 127:
         return None, res.stderr
@@ -76,14 +74,25 @@ def _with_python(remote: "Remote", batch: list[str]) -> tuple[dict[str, str] | N
         return {}, res.stderr or res.stdout
 
 
-def _with_sha256sum(remote: "Remote", batch: list[str]) -> tuple[dict[str, str] | None, str]:
+def _with_sha256sum(remote: Remote, batch: list[str]) -> tuple[dict[str, str] | None, str]:
     res = remote.run(["sha256sum", "--", *batch])
     if res.returncode == 127:
         return None, res.stderr
     return parse_sha256sum(res.stdout), res.stderr
 
 
-def remote_sha256(remote: "Remote", paths: Sequence[str]) -> dict[str, str]:
+def sha256(remote: Remote, path: str) -> str:
+    """sha256 of one remote file, computed on the remote (no bytes come back)."""
+    return sha256_many(remote, [path])[remote.path(path)]
+
+
+def sha256_many(remote: Remote, paths: Sequence[str]) -> dict[str, str]:
+    """{absolute path: sha256} of remote files (relative to remote.root unless absolute),
+    in one remote command per BATCH files instead of one per file."""
+    return remote_sha256(remote, [remote.path(p) for p in paths])
+
+
+def remote_sha256(remote: Remote, paths: Sequence[str]) -> dict[str, str]:
     """{absolute path: sha256} for every path; RemoteError names any that cannot be hashed."""
     result: dict[str, str] = {}
     tools = [t for t in (_with_python, _with_sha256sum) if t not in getattr(remote, "_missing_hashers", ())]
@@ -130,10 +139,10 @@ _BOOT = "import sys, json; exec(json.loads(sys.stdin.readline()))"
 class RemoteHasher:
     """sha256 of remote files by one long-lived remote python3 (no process start per
     file: on a busy login node or a loopback test that start costs more than hashing
-    a shard). Falls back to `Remote.sha256` when python3 is not there. Use from one
+    a shard). Falls back to the one-shot `sha256` when python3 is not there. Use from one
     thread at a time."""
 
-    def __init__(self, remote: "Remote"):
+    def __init__(self, remote: Remote):
         self.remote = remote
         self.proc = None
         if _with_python not in getattr(remote, "_missing_hashers", ()):
@@ -155,7 +164,7 @@ class RemoteHasher:
                 raise RemoteError(f"{self.remote.label}: cannot hash {full}: {ans.get('e')}")
             self.proc.close()  # python3 missing or died: one-shot commands from now on
             self.proc = None
-        return self.remote.sha256(full), None
+        return sha256(self.remote, full), None
 
     def close(self) -> None:
         if self.proc is not None:

@@ -14,8 +14,9 @@ import base64
 import hashlib
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import paramiko
 

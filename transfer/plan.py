@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from shardship.units import human, parse_size
 from shardship.errors import ShardshipError
+from shardship.units import human, parse_size
 from transfer.manifest import ShardFile
 from transfer.quota import Quota
 
@@ -39,7 +39,7 @@ class Item:
         return self.send_name != self.name
 
     @classmethod
-    def of(cls, shard: ShardFile, use_compressed: bool) -> "Item":
+    def of(cls, shard: ShardFile, use_compressed: bool) -> Item:
         c = shard.compressed if use_compressed else None
         if c is None:
             return cls(shard.name, shard.bytes, shard.sha256, shard.name, shard.bytes, shard.sha256)

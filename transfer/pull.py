@@ -19,6 +19,7 @@ from typing import Any
 
 from shardship.errors import Exit, RemoteError, ShardshipError
 from shardship.hashing import sha256_file
+from transfer.hashing import sha256_many
 from transfer.remote import Remote
 
 PART = ".part"
@@ -71,7 +72,7 @@ def pull(remote: Remote, paths: list[str], dest: str | Path, *, progress: bool |
 
     dest = Path(dest)
     files = expand(remote, paths)
-    hashes = remote.sha256_many([f[0] for f in files]) if files else {}
+    hashes = sha256_many(remote, [f[0] for f in files]) if files else {}
     outcomes: list[PullOutcome] = []
     todo: list[tuple[str, Path, int, str, PullOutcome]] = []
     for full, rel, size in files:

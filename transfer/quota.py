@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterator
 
 from shardship.units import human
-
-if TYPE_CHECKING:
-    from transfer.remote import Remote
+from transfer.remote import Remote
 
 _BIN = {"": 1024, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5, "E": 1024**6}
 _DEC = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
@@ -261,7 +259,7 @@ def parse_df(text: str, inode_text: str | None = None) -> Quota | None:
     """`df -P -k DIR` (+ optionally `df -P -i DIR`): the filesystem's size, used, free.
     Used when there is no per-user quota; `avail` (what we may still write, after
     root's reserve) is kept separately."""
-    lines = [l for l in text.splitlines() if l.strip()]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) < 2 or not lines[0].startswith("Filesystem"):
         return None
     m = re.search(r"(\d+)-blocks", lines[0])
@@ -278,7 +276,7 @@ def parse_df(text: str, inode_text: str | None = None) -> Quota | None:
     mount = " ".join(tokens[5:])
     ilimit = iused = None
     if inode_text:
-        il = [l for l in inode_text.splitlines() if l.strip()]
+        il = [ln for ln in inode_text.splitlines() if ln.strip()]
         if len(il) >= 2 and il[0].startswith("Filesystem"):
             it = il[-1].split()
             try:
@@ -347,7 +345,7 @@ def choose(sections: dict[str, str], under_home: bool = True) -> Quota | None:
     return found
 
 
-def existing_ancestor(remote: "Remote", path: str) -> str:
+def existing_ancestor(remote: Remote, path: str) -> str:
     """`path` or its nearest existing parent (df needs a path that exists)."""
     p = remote.path(path)
     while p not in ("/", "") and remote.stat(p) is None:
@@ -355,7 +353,7 @@ def existing_ancestor(remote: "Remote", path: str) -> str:
     return p or "/"
 
 
-def live_quota(remote: "Remote", remote_dir: str | None = None) -> Quota | None:
+def live_quota(remote: Remote, remote_dir: str | None = None) -> Quota | None:
     """Ask the remote: limit, used, inodes for `remote_dir` (default: remote.root).
     None only when no tool answered (not even df)."""
     target = existing_ancestor(remote, remote_dir or remote.root)
@@ -365,7 +363,14 @@ def live_quota(remote: "Remote", remote_dir: str | None = None) -> Quota | None:
     return choose(split_sections(res.stdout), under_home=(target + "/").startswith(home))
 
 
-def _remote_user(remote: "Remote") -> str:
+def free(remote: Remote, remote_dir: str | None = None) -> int | None:
+    """Bytes that may still be written under `remote_dir` (default: remote.root), counting
+    both the quota and the filesystem's free space; None when no tool answered."""
+    q = live_quota(remote, remote_dir)
+    return None if q is None else q.headroom_bytes
+
+
+def _remote_user(remote: Remote) -> str:
     conn = getattr(remote, "conn", None)
     if conn is not None and getattr(conn, "user", None):
         return str(conn.user)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardship.units import human
 from shardship.hashing import sha256_file
+from shardship.units import human
+from transfer.hashing import sha256_many
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
+from transfer.preflight import read_state
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote
-from transfer.upload import read_state
 
 
 @dataclass
@@ -78,7 +79,7 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
     listing = remote.listdir()
     state = read_state(remote) if REMOTE_STATE in listing else {}
     names = [s.name for s in shards if s.name in listing and not listing[s.name].is_dir]
-    fresh = remote.sha256_many(names) if (verify and names) else {}
+    fresh = sha256_many(remote, names) if (verify and names) else {}
     for s in shards:
         st = listing.get(s.name)
         have_local = local_file(out_dir, s.ref) is not None or (

@@ -78,7 +78,7 @@ def check_tar_file(path):
     return None
 
 
-class _Tee(object):
+class _Tee:
     """File-like reader that hashes and copies everything tarfile reads."""
 
     def __init__(self, src, out):
@@ -112,13 +112,14 @@ def _open_decoder(src):
     for exe in ("zstd", "unzstd"):
         for d in os.environ.get("PATH", "").split(os.pathsep):
             if d and os.access(os.path.join(d, exe), os.X_OK):
-                args = [os.path.join(d, exe), "-dcq", "--", src] if exe == "zstd" else [os.path.join(d, exe), "-cq", "--", src]
+                flags = "-dcq" if exe == "zstd" else "-cq"
+                args = [os.path.join(d, exe), flags, "--", src]
                 p = subprocess.Popen(args, stdout=subprocess.PIPE)
 
                 def done(p=p):
                     p.stdout.close()
                     if p.wait() != 0:
-                        raise IOError("zstd exited with %d" % p.returncode)
+                        raise OSError("zstd exited with %d" % p.returncode)
                 return p.stdout, done
     return None, None
 
@@ -152,7 +153,7 @@ def unpack(src, dst, expected):
         os.unlink(src)
         sys.stdout.write(json.dumps({"sha256": digest, "bytes": tee.n}))
         return 0
-    except (IOError, OSError, tarfile.TarError, EOFError) as e:
+    except (OSError, tarfile.TarError, EOFError) as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
         sys.stderr.write("%s: %s\n" % (type(e).__name__, e))
@@ -190,7 +191,7 @@ def main(argv):
 
 def source():
     """This module's source, to run remotely with `python3 -c`."""
-    with open(os.path.abspath(__file__.replace(".pyc", ".py")), "r") as f:
+    with open(os.path.abspath(__file__.replace(".pyc", ".py"))) as f:
         return f.read()
 
 

@@ -16,23 +16,24 @@ shards and exits 1 with the numbers.
 from __future__ import annotations
 
 import errno
-import json
 import sys
-import tarfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from shardship.units import human, parse_size
 from shardship.errors import Exit, QuotaError, RemoteError, ShardshipError
-from transfer import unpack
 from shardship.hashing import sha256_file
-from transfer.hashing import RemoteHasher
-from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
-from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, Step, build_plan
-from transfer.quota import Quota, live_quota
+from shardship.units import human
+from transfer import unpack
+from transfer.hashing import RemoteHasher, sha256
+from transfer.manifest import INDEX, PART
+from transfer.plan import DEFAULT_MARGIN, Item, Plan, Step
+from transfer.preflight import UnsafeShardError, prepare, write_state
+from transfer.quota import live_quota
 from transfer.remote import Remote
 
 Event = Callable[..., None]  # on_event(kind: str, **info)
@@ -41,12 +42,6 @@ NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 class DiskFullError(ShardshipError):
     """The remote filled up mid-upload: verified shards are kept, exit code 1."""
-
-    code = Exit.PARTIAL
-
-
-class UnsafeShardError(ShardshipError):
-    """A shard's tar has members that could write outside their directory."""
 
     code = Exit.PARTIAL
 
@@ -81,7 +76,8 @@ class UploadResult:
         n = sum(1 for o in self.outcomes if o.done)
         rate = self.bytes_sent / self.seconds / 1e6 if self.seconds > 0 else 0.0
         skipped = sum(1 for s in self.plan.steps if s.action == "skip")
-        return (f"{self.where}: {n} shard{'' if n == 1 else 's'} sent and verified ({human(self.bytes_sent)}, {rate:.1f} MB/s), "
+        return (f"{self.where}: {n} shard{'' if n == 1 else 's'} sent and verified "
+                f"({human(self.bytes_sent)}, {rate:.1f} MB/s), "
                 f"{skipped} already there" + ("; index.json updated" if self.index_written else ""))
 
 
@@ -101,157 +97,8 @@ class RateLimit:
 
 
 # ---------------------------------------------------------------------------
-# remote bookkeeping
+# the upload (the pre-flight reads are in transfer.preflight)
 # ---------------------------------------------------------------------------
-
-
-def read_state(remote: Remote) -> dict[str, dict[str, Any]]:
-    """{name: {size, mtime, sha256}} of files verified earlier ({} when absent or unreadable)."""
-    if remote.stat(REMOTE_STATE) is None:
-        return {}
-    try:
-        obj = json.loads(remote.read_file(REMOTE_STATE))
-        files = obj.get("files", {})
-        return {k: v for k, v in files.items() if isinstance(v, dict)}
-    except (ValueError, RemoteError, OSError):
-        return {}  # a damaged state only costs re-hashing on the remote
-
-
-def write_state(remote: Remote, state: dict[str, dict[str, Any]]) -> None:
-    data = json.dumps({"format": "shardship-remote-state", "version": 1, "files": state}, indent=0).encode()
-    remote.write_file(REMOTE_STATE, data)
-
-
-def remote_entries(remote: Remote, items: list[Item], listing: dict, state: dict) -> tuple[dict[str, RemoteEntry], dict]:
-    """What the remote holds for each shard; hashes (on the remote) only what the state
-    file cannot vouch for and whose size matches. Returns (entries, new state rows)."""
-    entries: dict[str, RemoteEntry] = {}
-    to_hash: list[str] = []
-    for it in items:
-        st = listing.get(it.name)
-        if st is None or st.is_dir:
-            continue
-        known = state.get(it.name)
-        if known and known.get("size") == st.size and known.get("mtime") == int(st.mtime):
-            entries[it.name] = RemoteEntry(st.size, known.get("sha256"))
-        elif st.size == it.bytes:
-            to_hash.append(it.name)
-        else:
-            entries[it.name] = RemoteEntry(st.size, None)
-    fresh: dict[str, dict[str, Any]] = {}
-    if to_hash:
-        hashes = remote.sha256_many(to_hash)
-        for name in to_hash:
-            digest = hashes[remote.path(name)]
-            st = listing[name]
-            entries[name] = RemoteEntry(st.size, digest)
-            fresh[name] = {"size": st.size, "mtime": int(st.mtime), "sha256": digest}
-    return entries, fresh
-
-
-def remote_parts(items: list[Item], listing: dict) -> dict[str, int]:
-    """{send_name: bytes already there}: NAME.part, or a complete NAME.tar.zst not yet unpacked."""
-    parts: dict[str, int] = {}
-    for it in items:
-        st = listing.get(it.send_name + PART)
-        if st is not None and not st.is_dir:
-            parts[it.send_name] = st.size
-        if it.compressed:
-            done = listing.get(it.send_name)
-            if done is not None and not done.is_dir:
-                parts[it.send_name] = max(parts.get(it.send_name, 0), done.size)
-    return parts
-
-
-def remote_can_unzstd(remote: Remote) -> bool:
-    argv, stdin = unpack.remote_call("probe")
-    res = remote.run(argv, stdin=stdin)
-    if not res.ok:
-        return False
-    try:
-        return bool(json.loads(res.stdout).get("zstd"))
-    except ValueError:
-        return False
-
-
-def apply_config_quota(q: Quota | None, configured: str | None, remote: Remote) -> Quota | None:
-    """Combine the live answer with `quota = "10G"` from shardship.toml: the tighter limit
-    wins. When only df answered (no per-user quota tool), df's "used" is the whole
-    filesystem's, so usage comes from `du -sk` of the remote home instead."""
-    if not configured or str(configured).lower() == "auto":
-        return q
-    limit = parse_size(configured)
-    if q is not None and q.source != "df -P":
-        return replace(q, limit_bytes=min(q.limit_bytes, limit) if q.limit_bytes else limit,
-                       source=f"{q.source} + config {configured}")
-    used = 0  # a home that does not exist yet (local:PATH) holds nothing
-    if remote.stat(remote.home) is not None:
-        res = remote.run(["du", "-sk", "--", remote.home])
-        try:
-            used = int(res.stdout.split()[0]) * 1024
-        except (ValueError, IndexError):
-            raise RemoteError(f"{remote.label}: cannot measure the usage of {remote.home} with du: "
-                              f"{res.stderr.strip()[:200]}") from None
-    return Quota(limit, used, None, None, f"config {configured} + du", avail_bytes=q.avail_bytes if q else None,
-                 filesystem=q.filesystem if q else None)
-
-
-# ---------------------------------------------------------------------------
-# the upload
-# ---------------------------------------------------------------------------
-
-
-def prepare(remote: Remote, out_dir: Path, *, margin: str | int = DEFAULT_MARGIN, use_compressed: bool = True,
-            config_quota: str | None = None) -> tuple[Plan, bytes, dict, dict]:
-    """Everything up to the verdict; reads only. Returns (plan, index bytes, state, fresh state rows)."""
-    index_bytes, shards = load_local(out_dir)
-    items = choose_items(remote, out_dir, shards, use_compressed)
-    listing = remote.listdir()
-    state = read_state(remote) if REMOTE_STATE in listing else {}
-    entries, fresh = remote_entries(remote, items, listing, state)
-    parts = remote_parts(items, listing)
-    quota = apply_config_quota(live_quota(remote, remote.root), config_quota, remote)
-    plan = build_plan(items, entries, parts, quota, margin, len(index_bytes))
-    check_tars(out_dir, plan)
-    stale = sorted(n for n in listing if n.endswith(".tar") and n not in {i.name for i in items})
-    if stale:
-        plan.notes.append(f"{len(stale)} .tar files on the remote are not in the local index (kept): "
-                          + ", ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""))
-    return plan, index_bytes, state, fresh
-
-
-def check_tars(out_dir: Path, plan: Plan) -> None:
-    """Refuse, before anything is sent, a plain .tar shard with members that could land
-    outside their directory when someone runs `tar xf` on it (a .tar.zst is checked
-    on the remote while it is unpacked)."""
-    for step in plan.sends:
-        if step.item.compressed:
-            continue
-        path = out_dir / step.item.name
-        try:
-            bad = unpack.check_tar_file(str(path))
-        except (OSError, tarfile.TarError) as e:
-            raise UnsafeShardError(f"{path}: not a readable tar ({e}); re-run `packer pack`") from None
-        if bad is not None:
-            raise UnsafeShardError(f"{path}: unsafe tar member {bad[0]!r} ({bad[1]}); nothing was sent. "
-                                   f"Re-pack this session with `packer pack`")
-
-
-def choose_items(remote: Remote, out_dir: Path, shards: list[ShardFile], use_compressed: bool) -> list[Item]:
-    """Send the .tar.zst where we have it and the remote can unpack it, else the .tar."""
-    have_zst = {s.name for s in shards if use_compressed and s.compressed and local_file(out_dir, s.compressed)}
-    can = bool(have_zst) and remote_can_unzstd(remote)
-    items = []
-    for s in shards:
-        # the .tar.zst only where it is there, smaller, and the remote can unpack it
-        use_c = can and s.name in have_zst and (s.compressed.bytes < s.bytes or local_file(out_dir, s.ref) is None)
-        if not use_c and local_file(out_dir, s.ref) is None:
-            why = (" (the remote cannot unpack the .tar.zst: install zstd there, or re-pack with compress = \"none\")"
-                   if s.name in have_zst else "")
-            raise ShardshipError(f"{Path(out_dir) / s.name}: missing or not {s.bytes} bytes as index.json says"
-                                 f"{why}; re-run `packer pack`")
-        items.append(Item.of(s, use_c))
-    return items
 
 
 def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_MARGIN, dry_run: bool = False,
@@ -304,17 +151,17 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
             except (OSError, RemoteError) as e:
                 if pending is not None and _alive(remote):  # the shard before is complete: keep it
                     done, pending = pending, None
-                    ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+                    ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
                 _handle_failure(remote, step, outcome, e, verified, plan, where)
                 raise
             fut = pool.submit(remote_hash, step.item.send_name + PART)
             if pending is not None:
                 done, pending = pending, None
-                ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+                ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
             pending = (step, outcome, fut)
         if pending is not None:
             done, pending = pending, None
-            ctx.guard(done[0], done[1], lambda d=done: _finish(ctx, *d))
+            ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
     finally:
         if hasher:
             pool.submit(hasher[0].close)
@@ -388,7 +235,7 @@ def _transmit(ctx: _Ctx, step: Step, outcome: ShardOutcome, from_zero: bool = Fa
         if 0 < have <= it.send_bytes:
             have = remote.size(part) or 0
         if 0 < have <= it.send_bytes:
-            if remote.sha256(part) == sha256_file(local, limit=have):
+            if sha256(remote, part) == sha256_file(local, limit=have):
                 offset = have
             else:
                 ctx.say(f"{it.send_name}: the partial upload on the remote does not match the local file; "
@@ -428,7 +275,7 @@ def _finish(ctx: _Ctx, step: Step, outcome: ShardOutcome, digest_future: Future)
         ctx.bar.total = (ctx.bar.total or 0) + it.send_bytes
         _transmit(ctx, step, outcome, from_zero=True)
         _check_size(remote, part, None, it.send_bytes)
-        digest = remote.sha256(part)
+        digest = sha256(remote, part)
         if digest != it.send_sha256:
             ctx.event("verify_mismatch", name=it.send_name, attempt=2, got=digest)
             remote.remove(part)
@@ -505,7 +352,8 @@ def _handle_failure(remote: Remote, step: Step, outcome: ShardOutcome, err: Exce
         f"{where}: remote disk full while sending {it.send_name} "
         f"({human(outcome.resumed_from + outcome.sent)} of {human(it.send_bytes)} written): removed the partial file; "
         f"kept {kept} verified shards ({human(kept_bytes)}); {len(remaining)} shards ({human(need)}) not sent; "
-        f"{human(max(free or 0, 0))} free now ({after.describe() if after else 'quota unknown'}); index.json not updated. "
+        f"{human(max(free or 0, 0))} free now ({after.describe() if after else 'quota unknown'}); "
+        "index.json not updated. "
         f"Free at least {human(max(need - (free or 0), 0))} on the cluster and rerun"
     ) from None
 

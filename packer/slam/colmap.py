@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -153,7 +153,10 @@ def reconstruct(
 def _feature_counts(db: Path) -> list[int]:
     import pycolmap
 
-    d = pycolmap.Database.open(str(db)) if hasattr(pycolmap.Database, "open") else pycolmap.Database(str(db))
+    if hasattr(pycolmap.Database, "open"):
+        d = pycolmap.Database.open(str(db))
+    else:  # older pycolmap, without Database.open: its constructor took the path (the stubs are the new API's)
+        d = pycolmap.Database(str(db))  # type: ignore[call-arg]
     try:
         return [int(d.num_keypoints_for_image(im.image_id)) for im in d.read_all_images()]
     finally:

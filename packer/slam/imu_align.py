@@ -95,6 +95,72 @@ def _fit_rotation_bias(
     return R, bias, rms
 
 
+class _OffsetSearch:
+    """The visual increments and the gyro integral of one alignment, with the two
+    costs both search steps evaluate at a candidate clock offset d (IMU clock =
+    frame clock + d): only intervals whose shifted span lies inside the IMU
+    recording count."""
+
+    def __init__(
+        self, a: np.ndarray, b: np.ndarray, phi: np.ndarray, rate_v: np.ndarray, gi: GyroIntegral, min_intervals: int
+    ):
+        self.a, self.b, self.phi, self.gi = a, b, phi, gi
+        self.dt = b - a
+        self.rate_v = rate_v  # visual rotation rate per interval, rad/s
+        self.t_lo, self.t_hi = float(gi.t[0]), float(gi.t[-1])
+        self.min_intervals = min_intervals
+
+    def inside(self, d: float) -> np.ndarray:
+        return (self.a + d >= self.t_lo) & (self.b + d <= self.t_hi)
+
+    def score(self, d: float) -> tuple[float, int]:
+        """(normalised correlation of the rate norms, intervals used); -inf when too
+        few intervals fall inside the IMU recording at this offset."""
+        inside = self.inside(d)
+        if inside.sum() < max(self.min_intervals, 0.5 * len(self.a)):
+            return -np.inf, 0
+        rate_g = np.linalg.norm(self.gi.increment(self.a[inside] + d, self.b[inside] + d), axis=1) / self.dt[inside]
+        return _ncc(self.rate_v[inside], rate_g), int(inside.sum())
+
+    def vec_cost(self, d: float, estimate_bias: bool) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """(RMS vector residual, R_ic, gyro bias, intervals used) with the rotation
+        (and bias) re-fitted at this offset."""
+        inside = self.inside(d)
+        phi_imu = self.gi.increment(self.a[inside] + d, self.b[inside] + d)
+        R, bias, rms = _fit_rotation_bias(self.phi[inside], phi_imu, self.dt[inside], with_bias=estimate_bias)
+        return rms, R, bias, inside
+
+
+def _coarse_offset(search: _OffsetSearch, lo: float, hi: float) -> float:
+    """Step 1: norm correlation on a grid over [lo, hi] (step <= 20 ms keeps the
+    ~100 ms wide peak of hand motion sampled), then a 1 ms grid around the best."""
+    step = float(np.clip((hi - lo) / 4000.0, 0.002, 0.02))
+    grid = np.arange(lo, hi + step, step)
+    scores = np.array([search.score(d)[0] for d in grid])
+    if not np.isfinite(scores).any():
+        raise AlignmentError("no clock offset puts the video inside the IMU recording")
+    d0 = float(grid[int(np.nanargmax(scores))])
+    fine = np.arange(d0 - 2 * step, d0 + 2 * step + 1e-4, 0.001)
+    fs = np.array([search.score(d)[0] for d in fine])
+    return float(fine[int(np.argmax(fs))])
+
+
+def _fine_offset(search: _OffsetSearch, d0: float, estimate_bias: bool) -> float:
+    """Steps 2 + 3: vector residual with the rotation (and bias) re-fitted per
+    candidate within +-12 ms of the coarse offset, 0.5 ms apart, refined by a
+    parabola through the minimum and its neighbours."""
+    cand = np.arange(d0 - 0.012, d0 + 0.012 + 1e-9, 0.0005)
+    costs = np.array([search.vec_cost(d, estimate_bias)[0] for d in cand])
+    k = int(np.argmin(costs))
+    best = float(cand[k])
+    if 0 < k < len(cand) - 1:  # parabola through the minimum and its neighbours
+        c0, c1, c2 = costs[k - 1], costs[k], costs[k + 1]
+        den = c0 - 2 * c1 + c2
+        if den > 0:
+            best += 0.5 * (c0 - c2) / den * (cand[1] - cand[0])
+    return best
+
+
 def align_imu(
     key_ts: np.ndarray,
     R_wc: np.ndarray,
@@ -116,16 +182,15 @@ def align_imu(
     a, b, phi = visual_increments(key_ts, R_wc, max_gap)
     if len(a) < min_intervals:
         raise AlignmentError(f"only {len(a)} usable keyframe intervals for gyro alignment; need {min_intervals}")
-    dt = b - a
-    rate_v = np.linalg.norm(phi, axis=1) / dt
+    rate_v = np.linalg.norm(phi, axis=1) / (b - a)
     rot_rms = float(np.sqrt(np.mean(rate_v**2)))
     if rot_rms < min_rotation_rms:
         raise AlignmentError(
             f"the camera barely rotates ({rot_rms:.3f} rad/s RMS, need {min_rotation_rms}): "
             "gyro/video clock offset and camera-IMU rotation are not observable"
         )
-    gi = GyroIntegral(imu_t, gyro)
-    t_lo, t_hi = float(imu_t[0]), float(imu_t[-1])
+    search = _OffsetSearch(a, b, phi, rate_v, GyroIntegral(imu_t, gyro), min_intervals)
+    t_lo, t_hi = search.t_lo, search.t_hi
     dur = float(b[-1] - a[0])
     slack = 0.1 * dur
     lo = t_lo - a[0] - slack
@@ -137,44 +202,9 @@ def align_imu(
         raise AlignmentError(
             f"the IMU recording ({t_hi - t_lo:.2f} s) cannot cover the video's registered span ({dur:.2f} s)"
         )
-
-    def score(d: float) -> tuple[float, int]:
-        inside = (a + d >= t_lo) & (b + d <= t_hi)
-        if inside.sum() < max(min_intervals, 0.5 * len(a)):
-            return -np.inf, 0
-        rate_g = np.linalg.norm(gi.increment(a[inside] + d, b[inside] + d), axis=1) / dt[inside]
-        return _ncc(rate_v[inside], rate_g), int(inside.sum())
-
-    # 1. coarse: norm correlation on a grid (step <= 20 ms keeps the ~100 ms wide
-    #    peak of hand motion sampled), then a 1 ms grid around the best.
-    step = float(np.clip((hi - lo) / 4000.0, 0.002, 0.02))
-    grid = np.arange(lo, hi + step, step)
-    scores = np.array([score(d)[0] for d in grid])
-    if not np.isfinite(scores).any():
-        raise AlignmentError("no clock offset puts the video inside the IMU recording")
-    d0 = float(grid[int(np.nanargmax(scores))])
-    fine = np.arange(d0 - 2 * step, d0 + 2 * step + 1e-4, 0.001)
-    fs = np.array([score(d)[0] for d in fine])
-    d0 = float(fine[int(np.argmax(fs))])
-
-    # 2 + 3. vector residual with rotation (and bias) re-fitted per candidate offset.
-    def vec_cost(d: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
-        inside = (a + d >= t_lo) & (b + d <= t_hi)
-        phi_imu = gi.increment(a[inside] + d, b[inside] + d)
-        R, bias, rms = _fit_rotation_bias(phi[inside], phi_imu, dt[inside], with_bias=estimate_bias)
-        return rms, R, bias, inside
-
-    cand = np.arange(d0 - 0.012, d0 + 0.012 + 1e-9, 0.0005)
-    costs = np.array([vec_cost(d)[0] for d in cand])
-    k = int(np.argmin(costs))
-    best = float(cand[k])
-    if 0 < k < len(cand) - 1:  # parabola through the minimum and its neighbours
-        c0, c1, c2 = costs[k - 1], costs[k], costs[k + 1]
-        den = c0 - 2 * c1 + c2
-        if den > 0:
-            best += 0.5 * (c0 - c2) / den * (cand[1] - cand[0])
-    rms, R, bias, inside = vec_cost(best)
-    corr, n = score(best)
+    best = _fine_offset(search, _coarse_offset(search, lo, hi), estimate_bias)
+    rms, R, bias, inside = search.vec_cost(best, estimate_bias)
+    corr, n = search.score(best)
     sv = np.linalg.svd(phi[inside], compute_uv=False)
     if sv[1] < 0.05 * sv[0]:
         raise AlignmentError(

@@ -10,9 +10,9 @@ detection) are dropped and the fit is repeated.
 Known distance: the user says the camera centres of two frames are D metres apart."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -175,7 +175,9 @@ def scale_from_marker(
             f"marker scale poorly constrained (+-{rel:.1%}, need <= {max_rel_std:.0%}): the camera moved "
             f"{spread * 100:.1f} cm RMS around the marker with {rms * 100:.1f} cm fit error"
         )
-    return MarkerScale(float(s), rms, float(rel), int(keep.sum()), n_detected if n_detected is not None else n, marker_id)
+    return MarkerScale(
+        float(s), rms, float(rel), int(keep.sum()), n_detected if n_detected is not None else n, marker_id
+    )
 
 
 def parse_known_distance(text: str) -> tuple[int, int, float]:

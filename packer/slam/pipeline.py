@@ -9,30 +9,24 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from shardship import __version__
-from shardship.errors import SessionError, ShardshipError
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
 from packer.slam.colmap import MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct
-from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
-from packer.slam.marker import (
-    MarkerError,
-    marker_camera_centres,
-    parse_known_distance,
-    scale_from_known_distance,
-    scale_from_marker,
-)
-from packer.slam.scale import ScaleOptions, ScaleRefused, solve_scale
+from packer.slam.marker import MarkerError, parse_known_distance
+from packer.slam.scale import ScaleOptions
+from packer.slam.scale_methods import SCALE_METHODS, metric_scale  # SCALE_METHODS re-exported by packer.slam
+from shardship import __version__
+from shardship.errors import SessionError, ShardshipError
 
-SCALE_METHODS = ("imu", "marker", "known-distance", "none")
 STAGES = ("check", "features", "matching", "mapping", "scale", "write")
 
 
@@ -94,7 +88,7 @@ class SlamOptions:
 
     @classmethod
     def from_config(cls, slam_section: dict[str, Any], scale_section: dict[str, Any],
-                    **overrides: Any) -> "SlamOptions":
+                    **overrides: Any) -> SlamOptions:
         """[slam] and [scale] sections of shardship.toml, then CLI overrides (None = unset)."""
         names = {f.name for f in dataclasses.fields(cls)} - {"scale_options"}
         snames = {f.name for f in dataclasses.fields(ScaleOptions)}
@@ -243,29 +237,16 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     imu = _preflight(session, opts)
     fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu=opts.scale == "imu")
     if not opts.force:
-        info = store.cached(session, fp)
-        if info is not None:
-            res = SlamResult(name, path, "cached", _summary(info), metric=bool(info.get("metric")),
-                             scale=info.get("scale"), method=str(info.get("method", "")), info=info)
+        cached = store.cached(session, fp)
+        if cached is not None:
+            res = SlamResult(name, path, "cached", _summary(cached), metric=bool(cached.get("metric")),
+                             scale=cached.get("scale"), method=str(cached.get("method", "")), info=cached)
             if opts.plot:
                 res.plot = _plot_stored(session, res)
             return res
 
-    kpos = keyframe_positions(session.n_frames, opts.keyframe_step)
-    names = [session.frame_paths[i].name for i in kpos]
-    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
-    try:
-        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages)
-    except SfmError as e:
-        raise session.error("rgb/", str(e)) from None
-    key_pos, key_T = _registered(model, names, kpos)
+    kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages)
     reg_frac = len(key_pos) / len(kpos)
-    if reg_frac < opts.min_registered or len(key_pos) < 3:
-        raise session.error(
-            "rgb/",
-            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
-            f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
-        )
     key_ts = session.timestamps[key_pos]
     stages("scale")
     centres = key_T[:, :3, 3]
@@ -293,7 +274,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
             f"need {opts.min_baseline:.1%}), so no method can recover a metric scale; record with more hand "
             "motion, or use --scale none for unscaled poses",
         )
-    scale, metric, extra = _scale(session, opts, imu, key_pos, key_ts, key_T)
+    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T)
     info.update(extra)
     info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale})
 
@@ -310,6 +291,30 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     if opts.plot:
         result.plot = _plot(session, poses, flags, result.message, metric)
     return result
+
+
+def _reconstruct_keyframes(
+    session: Session, opts: SlamOptions, stages: Callable[[str], None]
+) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
+    """SfM on the keyframes: (keyframe positions, model, registered positions,
+    their camera-to-world (M,4,4)). Refuses a reconstruction that registered too
+    few keyframes: scale and interpolation over the gaps would be guesses."""
+    kpos = keyframe_positions(session.n_frames, opts.keyframe_step)
+    names = [session.frame_paths[i].name for i in kpos]
+    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
+    try:
+        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages)
+    except SfmError as e:
+        raise session.error("rgb/", str(e)) from None
+    key_pos, key_T = _registered(model, names, kpos)
+    reg_frac = len(key_pos) / len(kpos)
+    if reg_frac < opts.min_registered or len(key_pos) < 3:
+        raise session.error(
+            "rgb/",
+            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
+            f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
+        )
+    return kpos, model, key_pos, key_T
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:
@@ -345,68 +350,6 @@ def _registered(model: SfmModel, names: list[str], kpos: np.ndarray) -> tuple[np
     return np.asarray(pos, dtype=np.int64), np.asarray(T).reshape(-1, 4, 4)
 
 
-def _scale(
-    session: Session, opts: SlamOptions, imu: Imu | None, key_pos: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray,
-) -> tuple[float, bool, dict[str, Any]]:
-    """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method."""
-    centres = key_T[:, :3, 3]
-    R_wc = key_T[:, :3, :3]
-    if opts.scale == "none":
-        return 1.0, False, {}
-    if opts.scale == "imu":
-        assert imu is not None
-        try:
-            al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
-        except AlignmentError as e:
-            raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
-        try:
-            sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
-                             gyro_bias=al.gyro_bias, options=opts.scale_options)
-        except ScaleRefused as e:
-            raise session.error("imu.json", f"scale refused: {e}") from None
-        return sr.scale, True, {
-            "imu_offset": al.offset,  # IMU (epoch) clock = frame clock + offset: frame 0's epoch time
-            "imu_lag": al.offset - float(imu.t[0]),  # frame 0 after the first IMU sample
-            "R_imu_cam": al.R_ic.tolist(),
-            "gyro_bias": al.gyro_bias.tolist(),
-            "gyro_residual": al.residual,
-            "gyro_correlation": al.correlation,
-            "scale_rel_std": sr.rel_std,
-            "residual": sr.residual,
-            "confidence": sr.confidence,
-            "excitation": sr.excitation,
-            "explained": sr.explained,
-            "condition": sr.condition,
-            "accel_mode": sr.accel_mode,
-            "accel_sign": sr.accel_sign,
-            "gravity_sfm": sr.gravity,
-            "accel_bias": sr.accel_bias,
-            "scale_intervals": sr.n_intervals,
-        }
-    if opts.scale == "marker":
-        paths = [session.frame_paths[int(k)] for k in key_pos]
-        found, mid = marker_camera_centres(paths, session.intrinsics, float(opts.marker_size),  # type: ignore[arg-type]
-                                           opts.marker_dict, opts.marker_id, R_wc=R_wc)
-        idx = np.array(sorted(found), dtype=np.int64)
-        try:
-            ms = scale_from_marker(centres[idx] if len(idx) else np.zeros((0, 3)),
-                                   np.array([found[i] for i in idx]).reshape(-1, 3), marker_id=mid)
-        except MarkerError as e:
-            raise session.error("rgb/", f"marker scale: {e}") from None
-        return ms.scale, True, {"residual": ms.residual, "scale_rel_std": ms.rel_std, "marker_frames": ms.n_frames,
-                                "marker_id": ms.marker_id, "marker_size": opts.marker_size,
-                                "confidence": max(0.0, 1.0 - ms.rel_std / 0.02)}
-    # known-distance: camera centres of the two frames (interpolated when not keyframes)
-    a, b, d = parse_known_distance(opts.known_distance or "")
-    fr = {int(f): i for i, f in enumerate(session.frames)}
-    P, _fl = interpolate_poses(session.timestamps[[fr[a], fr[b]]], key_ts, key_T)
-    try:
-        s = scale_from_known_distance(P[0, :3, 3], P[1, :3, 3], d)
-    except MarkerError as e:
-        raise session.error("rgb/", str(e)) from None
-    return s, True, {"known_distance": [a, b, d], "residual": 0.0, "confidence": None}
-
-
 def _summary(info: dict[str, Any]) -> str:
     parts = []
     if info.get("metric"):
@@ -435,15 +378,15 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
     Results come back in the order of `paths`."""
     opts = opts or SlamOptions()
     opts.validate()
-    paths = [Path(p) for p in paths]
+    dirs = [Path(p) for p in paths]
     jobs = default_jobs(opts.threads) if jobs is None or jobs <= 0 else jobs
-    jobs = min(jobs, max(1, len(paths)))
+    jobs = min(jobs, max(1, len(dirs)))
     out: dict[int, SlamResult] = {}
     from tqdm import tqdm
 
-    bar = tqdm(total=len(paths), desc="slam", unit="session", disable=not opts.progress or len(paths) < 2)
+    bar = tqdm(total=len(dirs), desc="slam", unit="session", disable=not opts.progress or len(dirs) < 2)
     if jobs == 1:
-        for i, p in enumerate(paths):
+        for i, p in enumerate(dirs):
             out[i] = slam_session(p, opts)
             bar.update(1)
     else:
@@ -451,14 +394,14 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
 
         worker_opts = dataclasses.replace(opts, progress=False)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(slam_session, p, worker_opts): i for i, p in enumerate(paths)}
+            futs = {ex.submit(slam_session, p, worker_opts): i for i, p in enumerate(dirs)}
             for f in as_completed(futs):
                 i = futs[f]
                 try:
                     out[i] = f.result()
                 except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
-                    out[i] = SlamResult(paths[i].name, paths[i], "failed",
-                                        message=f"session {paths[i].name}: internal error: {type(e).__name__}: {e}")
+                    out[i] = SlamResult(dirs[i].name, dirs[i], "failed",
+                                        message=f"session {dirs[i].name}: internal error: {type(e).__name__}: {e}")
                 bar.update(1)
     bar.close()
-    return [out[i] for i in range(len(paths))]
+    return [out[i] for i in range(len(dirs))]

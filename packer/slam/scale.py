@@ -83,7 +83,7 @@ class Preintegrated:
     Jp: np.ndarray  # (3,3)
 
 
-def _interp_rows(t: np.ndarray, ts: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _interp_rows(t: float | np.ndarray, ts: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.stack([np.interp(t, ts, x[:, i]) for i in range(x.shape[1])], axis=-1)
 
 
@@ -151,6 +151,152 @@ def _tangent_basis(g: np.ndarray) -> np.ndarray:
     return np.stack([e1, np.cross(u, e1)], axis=1)  # (3,2)
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Columns of the global unknowns: s first, then g (raw accelerometer only),
+    then the accelerometer bias b (optional)."""
+
+    ng: int  # number of global columns
+    col_g: int | None
+    col_b: int | None
+
+    @classmethod
+    def of(cls, mode: str, accel_bias: bool) -> _Layout:
+        raw = mode == "raw"
+        return cls(1 + (3 if raw else 0) + (3 if accel_bias else 0), 1 if raw else None,
+                   1 + (3 if raw else 0) if accel_bias else None)
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The solve's inputs, converted once: keyframes on the frame clock, IMU on its
+    own clock (t = frame time + offset), accel in m/s^2, gyro bias-corrected."""
+
+    key_ts: np.ndarray
+    positions: np.ndarray
+    R_wc: np.ndarray
+    R_ci: np.ndarray
+    imu_t: np.ndarray
+    acc: np.ndarray
+    gyr: np.ndarray
+    offset: float
+
+    def covered_pairs(self, opt: ScaleOptions, overlapping: bool) -> list[tuple[int, int]]:
+        """`scale_pairs` whose interval lies inside the IMU recording."""
+        return [
+            (i, j) for i, j in scale_pairs(self.key_ts, opt.interval, opt.max_gap, overlapping)
+            if self.key_ts[i] + self.offset >= self.imu_t[0] and self.key_ts[j] + self.offset <= self.imu_t[-1]
+        ]
+
+
+def _interval_rows(
+    d: _Data, i: int, j: int, r: int, vi: int, vj: int, lay: _Layout, Av: np.ndarray, Ag: np.ndarray, y: np.ndarray
+) -> np.ndarray:
+    """Fill the 6 rows of interval (i, j) (row block r, velocity columns vi, vj) and
+    return its world-frame mean specific force (for the excitation)."""
+    dt = d.key_ts[j] - d.key_ts[i]
+    pre = preintegrate(d.imu_t, d.acc, d.gyr, d.key_ts[i] + d.offset, d.key_ts[j] + d.offset)
+    Rw = d.R_wc[i] @ d.R_ci
+    wp, wv = 1.0 / dt**2, 1.0 / dt
+    rp, rv = slice(6 * r, 6 * r + 3), slice(6 * r + 3, 6 * r + 6)
+    Ag[rp, 0] = (d.positions[j] - d.positions[i]) * wp
+    Av[rp, vi:vi + 3] = -np.eye(3) * dt * wp
+    Av[rv, vi:vi + 3] = -np.eye(3) * wv
+    Av[rv, vj:vj + 3] = np.eye(3) * wv
+    if lay.col_g is not None:
+        Ag[rp, lay.col_g:lay.col_g + 3] = -0.5 * np.eye(3) * dt**2 * wp
+        Ag[rv, lay.col_g:lay.col_g + 3] = -np.eye(3) * dt * wv
+    if lay.col_b is not None:
+        Ag[rp, lay.col_b:lay.col_b + 3] = Rw @ pre.Jp * wp
+        Ag[rv, lay.col_b:lay.col_b + 3] = Rw @ pre.Jv * wv
+    y[rp] = Rw @ pre.dP * wp
+    y[rv] = Rw @ pre.dV * wv
+    return Rw @ pre.dV / dt
+
+
+def _reduced_system(
+    d: _Data, pairs: list[tuple[int, int]], lay: _Layout
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(A, y, motion, n_vel): the rows of every interval with the keyframe velocities
+    eliminated chunk by chunk (projection onto the orthogonal complement of their
+    columns), so a 10-minute session costs many small solves, not one huge one.
+    motion: (len(pairs), 3) world-frame mean specific force per interval; n_vel:
+    velocity unknowns eliminated (for the degrees of freedom)."""
+    G_rows: list[np.ndarray] = []
+    y_rows: list[np.ndarray] = []
+    motion = np.zeros((len(pairs), 3))  # world-frame mean specific force per interval
+    n_vel = 0
+    for c0 in range(0, len(pairs), CHUNK):
+        chunk = pairs[c0:c0 + CHUNK]
+        used = sorted({k for p in chunk for k in p})
+        vidx = {k: n for n, k in enumerate(used)}
+        Av = np.zeros((6 * len(chunk), 3 * len(used)))
+        Ag = np.zeros((6 * len(chunk), lay.ng))
+        y = np.zeros(6 * len(chunk))
+        for r, (i, j) in enumerate(chunk):
+            motion[c0 + r] = _interval_rows(d, i, j, r, 3 * vidx[i], 3 * vidx[j], lay, Av, Ag, y)
+        rhs = np.column_stack([Ag, y])
+        proj = rhs - Av @ _lstsq(Av, rhs)
+        G_rows.append(proj[:, :-1])
+        y_rows.append(proj[:, -1])
+        n_vel += Av.shape[1]
+    return np.vstack(G_rows), np.concatenate(y_rows), motion, n_vel
+
+
+def _fit(
+    A: np.ndarray, y: np.ndarray, motion: np.ndarray, n_vel: int, n_eff: int, lay: _Layout, mode: str,
+    opt: ScaleOptions,
+) -> ScaleResult:
+    """Least squares on the reduced system, the sign convention, |g| refinement, and
+    the statistics the refusal checks read (rel_std, explained, excitation)."""
+    m = len(motion)
+    x = _lstsq(A, y)
+    sign = 1.0
+    if x[0] < 0:  # the accelerometer reports minus the acceleration: flip the data
+        sign = -1.0
+        y = -y
+        x = -x
+    col_g, col_b = lay.col_g, lay.col_b
+    if col_g is not None:
+        x = _refine_gravity(A, y, x, col_g)
+    res = A @ x - y
+    dof = max(len(y) - lay.ng - n_vel, 1)
+    sigma2 = float(res @ res) / dof
+    colnorm = np.linalg.norm(A, axis=0)
+    colnorm[colnorm == 0] = 1.0
+    sv = np.linalg.svd(A / colnorm, compute_uv=False)
+    cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
+    var_s = _marginal_variance(A, 0) * sigma2
+    s = float(x[0])
+    # rows of overlapping intervals are correlated; inflate the i.i.d. estimate accordingly
+    var_s *= max(1.0, m / max(n_eff, 1))
+    rel_std = float(np.sqrt(var_s) / s) if s > 0 else float("inf")
+    # how much of the IMU signal the scaled SfM motion explains, against s = 0
+    if lay.ng > 1:
+        x0 = _lstsq(A[:, 1:], y)
+        ssr0 = float(np.sum((A[:, 1:] @ x0 - y) ** 2))
+    else:
+        ssr0 = float(y @ y)
+    explained = 1.0 - float(res @ res) / ssr0 if ssr0 > 0 else 0.0
+    g_vec = x[col_g:col_g + 3] if col_g is not None else np.zeros(3)
+    excitation = float(np.sqrt(np.mean(np.sum((sign * motion + g_vec) ** 2, axis=1))))
+    confidence = float(np.clip(1.0 - rel_std / opt.max_rel_std, 0.0, 1.0)) if np.isfinite(rel_std) else 0.0
+    return ScaleResult(
+        scale=s,
+        rel_std=rel_std,
+        residual=float(np.sqrt(float(res @ res) / max(len(y) - n_vel, 1) * 3.0)),
+        excitation=excitation,
+        explained=explained,
+        condition=cond,
+        confidence=confidence,
+        accel_mode=mode,
+        accel_sign=sign,
+        gravity=[float(v) for v in g_vec] if col_g is not None else None,
+        accel_bias=[float(v) for v in x[col_b:col_b + 3]] if col_b is not None else None,
+        n_intervals=m,
+    )
+
+
 def solve_scale(
     key_ts: np.ndarray,
     positions: np.ndarray,
@@ -176,115 +322,29 @@ def solve_scale(
     mode = detect_accel_mode(accel_g) if opt.accel_mode == "auto" else opt.accel_mode
     if mode not in ("raw", "removed"):
         raise ValueError(f"accel_mode must be auto, raw or removed, got {opt.accel_mode!r}")
-    acc = np.asarray(accel_g, dtype=np.float64) * GRAVITY
-    gyr = np.asarray(gyro, dtype=np.float64) - (0.0 if gyro_bias is None else np.asarray(gyro_bias))
-    R_ci = np.asarray(R_ic).T
-
-    pairs = [
-        (i, j) for i, j in scale_pairs(key_ts, opt.interval, opt.max_gap, opt.overlapping)
-        if key_ts[i] + offset >= imu_t[0] and key_ts[j] + offset <= imu_t[-1]
-    ]
+    d = _Data(
+        key_ts=key_ts,
+        positions=positions,
+        R_wc=R_wc,
+        R_ci=np.asarray(R_ic).T,
+        imu_t=imu_t,
+        acc=np.asarray(accel_g, dtype=np.float64) * GRAVITY,
+        gyr=np.asarray(gyro, dtype=np.float64) - (0.0 if gyro_bias is None else np.asarray(gyro_bias)),
+        offset=offset,
+    )
+    pairs = d.covered_pairs(opt, opt.overlapping)
     # overlapping intervals share data: count (and weigh uncertainty by) disjoint ones
-    n_eff = len([
-        (i, j) for i, j in scale_pairs(key_ts, opt.interval, opt.max_gap, overlapping=False)
-        if key_ts[i] + offset >= imu_t[0] and key_ts[j] + offset <= imu_t[-1]
-    ])
+    n_eff = len(d.covered_pairs(opt, overlapping=False))
     if n_eff < opt.min_intervals:
         raise ScaleRefused(
             f"only {n_eff} keyframe intervals of {opt.interval:g} s with IMU coverage; "
             f"need {opt.min_intervals} (longer session or more registered frames)"
         )
-    # Global unknowns: s, g (raw only), b (optional). Keyframe velocities are local:
-    # they are eliminated chunk by chunk (projection onto the orthogonal complement of
-    # their columns), so a 10-minute session costs many small solves, not one huge one.
-    ng = 1 + (3 if mode == "raw" else 0) + (3 if opt.accel_bias else 0)
-    col_g = 1 if mode == "raw" else None
-    col_b = 1 + (3 if mode == "raw" else 0) if opt.accel_bias else None
-    G_rows: list[np.ndarray] = []
-    y_rows: list[np.ndarray] = []
-    motion = np.zeros((len(pairs), 3))  # world-frame mean specific force per interval
-    n_vel = 0
-    for c0 in range(0, len(pairs), CHUNK):
-        chunk = pairs[c0:c0 + CHUNK]
-        used = sorted({k for p in chunk for k in p})
-        vidx = {k: n for n, k in enumerate(used)}
-        Av = np.zeros((6 * len(chunk), 3 * len(used)))
-        Ag = np.zeros((6 * len(chunk), ng))
-        y = np.zeros(6 * len(chunk))
-        for r, (i, j) in enumerate(chunk):
-            dt = key_ts[j] - key_ts[i]
-            pre = preintegrate(imu_t, acc, gyr, key_ts[i] + offset, key_ts[j] + offset)
-            Rw = R_wc[i] @ R_ci
-            wp, wv = 1.0 / dt**2, 1.0 / dt
-            rp, rv = slice(6 * r, 6 * r + 3), slice(6 * r + 3, 6 * r + 6)
-            vi, vj = 3 * vidx[i], 3 * vidx[j]
-            Ag[rp, 0] = (positions[j] - positions[i]) * wp
-            Av[rp, vi:vi + 3] = -np.eye(3) * dt * wp
-            Av[rv, vi:vi + 3] = -np.eye(3) * wv
-            Av[rv, vj:vj + 3] = np.eye(3) * wv
-            if col_g is not None:
-                Ag[rp, col_g:col_g + 3] = -0.5 * np.eye(3) * dt**2 * wp
-                Ag[rv, col_g:col_g + 3] = -np.eye(3) * dt * wv
-            if col_b is not None:
-                Ag[rp, col_b:col_b + 3] = Rw @ pre.Jp * wp
-                Ag[rv, col_b:col_b + 3] = Rw @ pre.Jv * wv
-            y[rp] = Rw @ pre.dP * wp
-            y[rv] = Rw @ pre.dV * wv
-            motion[c0 + r] = Rw @ pre.dV / dt
-        rhs = np.column_stack([Ag, y])
-        proj = rhs - Av @ _lstsq(Av, rhs)
-        G_rows.append(proj[:, :-1])
-        y_rows.append(proj[:, -1])
-        n_vel += Av.shape[1]
-    A = np.vstack(G_rows)
-    y = np.concatenate(y_rows)
-    m = len(pairs)
-
-    x = _lstsq(A, y)
-    sign = 1.0
-    if x[0] < 0:  # the accelerometer reports minus the acceleration: flip the data
-        sign = -1.0
-        y = -y
-        x = -x
-    if col_g is not None:
-        x = _refine_gravity(A, y, x, col_g)
-    res = A @ x - y
-    dof = max(len(y) - ng - n_vel, 1)
-    sigma2 = float(res @ res) / dof
-    colnorm = np.linalg.norm(A, axis=0)
-    colnorm[colnorm == 0] = 1.0
-    sv = np.linalg.svd(A / colnorm, compute_uv=False)
-    cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
-    var_s = _marginal_variance(A, 0) * sigma2
-    s = float(x[0])
-    # rows of overlapping intervals are correlated; inflate the i.i.d. estimate accordingly
-    var_s *= max(1.0, len(pairs) / max(n_eff, 1))
-    rel_std = float(np.sqrt(var_s) / s) if s > 0 else float("inf")
-    # how much of the IMU signal the scaled SfM motion explains, against s = 0
-    if ng > 1:
-        x0 = _lstsq(A[:, 1:], y)
-        ssr0 = float(np.sum((A[:, 1:] @ x0 - y) ** 2))
-    else:
-        ssr0 = float(y @ y)
-    explained = 1.0 - float(res @ res) / ssr0 if ssr0 > 0 else 0.0
-    g_vec = x[col_g:col_g + 3] if col_g is not None else np.zeros(3)
-    excitation = float(np.sqrt(np.mean(np.sum((sign * motion + g_vec) ** 2, axis=1))))
-    confidence = float(np.clip(1.0 - rel_std / opt.max_rel_std, 0.0, 1.0)) if np.isfinite(rel_std) else 0.0
-
-    result = ScaleResult(
-        scale=s,
-        rel_std=rel_std,
-        residual=float(np.sqrt(float(res @ res) / max(len(y) - n_vel, 1) * 3.0)),
-        excitation=excitation,
-        explained=explained,
-        condition=cond,
-        confidence=confidence,
-        accel_mode=mode,
-        accel_sign=sign,
-        gravity=[float(v) for v in g_vec] if col_g is not None else None,
-        accel_bias=[float(v) for v in x[col_b:col_b + 3]] if col_b is not None else None,
-        n_intervals=m,
-    )
+    # Global unknowns: s, g (raw only), b (optional). Keyframe velocities are local
+    # and eliminated per chunk (`_reduced_system`).
+    lay = _Layout.of(mode, opt.accel_bias)
+    A, y, motion, n_vel = _reduced_system(d, pairs, lay)
+    result = _fit(A, y, motion, n_vel, n_eff, lay, mode, opt)
     _check(result, opt)
     return result
 

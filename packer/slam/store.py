@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from shardship.atomic import write_bytes, write_json
 from packer.session import Session, read_json
+from shardship.atomic import write_bytes, write_json
 
 SLAM_VERSION = 1  # bump when the output of the same inputs changes
 KEY = "shardship"

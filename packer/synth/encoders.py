@@ -123,7 +123,7 @@ class EspClock:
     drift_ppm: float  # the ESP clock runs (1 + drift_ppm 1e-6) times as fast
     capture_start: float  # epoch s
 
-    def ms(self, epoch: np.ndarray) -> np.ndarray:
+    def ms(self, epoch: float | np.ndarray) -> np.ndarray:
         rate = 1000.0 * (1 + self.drift_ppm * 1e-6)  # ESP ms per epoch second
         return self.ms_at_capture_start + (np.asarray(epoch) - self.capture_start) * rate
 

@@ -29,7 +29,8 @@ caller says so: wrap a value in `Float32(...)`, or name the keys whose numbers
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ __all__ = ["dumps", "Float32", "format_double", "format_float32"]
 class Float32(float):
     """A float serialised as a Swift `Float` (value rounded to float32 first)."""
 
-    def __new__(cls, x: float) -> "Float32":
+    def __new__(cls, x: float) -> Float32:
         return super().__new__(cls, float(np.float32(x)))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.synth.groundtruth import TRUTH_FILE
 from packer.synth.trajectory import so3_exp, so3_log
 
 __all__ = ["write_user_slam", "SFM_SCALE"]
@@ -41,6 +42,69 @@ def _interp_pose(Ta: np.ndarray, Tb: np.ndarray, a: float) -> np.ndarray:
     T[:3, 3] = (1 - a) * Ta[:3, 3] + a * Tb[:3, 3]
     T[:3, :3] = Ta[:3, :3] @ so3_exp(a * so3_log(Ta[:3, :3].T @ Tb[:3, :3]))
     return T
+
+
+def _scale_factor(scale: float | str | None, sfm_scale: float, truth_scale_error: float) -> float | None:
+    """The factor calibrate_scale.py applied (None: it did not run or failed)."""
+    if scale is None:
+        return None
+    if scale == "auto":
+        return float(sfm_scale) * (1.0 + float(truth_scale_error))
+    if isinstance(scale, (int, float)):
+        return float(scale)
+    raise ValueError(f"scale must be None, 'auto' or a number, got {scale!r}")
+
+
+def _run_slam_entries(
+    poses: np.ndarray, real_idx: list[int], first: int, last: int, subsample: int, sfm_scale: float
+) -> list[dict[str, Any]]:
+    """run_slam.py's poses.json entries for list positions first..last: keyframes
+    exact (in SfM units), the poses between interpolated as the script does."""
+    n_total = len(real_idx)
+
+    def sfm_pose(pos: int) -> np.ndarray:
+        T = poses[real_idx[pos]].copy()
+        T[:3, 3] /= sfm_scale
+        return T
+
+    keys = [k for k in range(0, n_total, max(1, int(subsample)))]
+    if keys[-1] != n_total - 1:
+        keys.append(n_total - 1)
+    keys = sorted({k for k in keys if first <= k <= last} | {first, last})
+    out = []
+    for i in range(first, last + 1):
+        j = int(np.searchsorted(keys, i))
+        if keys[j] == i:
+            T = sfm_pose(i)
+        else:
+            a, b = keys[j - 1], keys[j]
+            T = _interp_pose(sfm_pose(a), sfm_pose(b), (i - a) / (b - a))
+        out.append({"timestamp": float(i) / 60.0, "rgbIndex": i, "depth": None, "transform": T.tolist()})
+    return out
+
+
+def _update_metadata(meta_path: Path, **fields: Any) -> None:
+    """Re-read metadata.json, set `fields` (new keys go last), json.dump it back:
+    what each script does, so key order matches theirs."""
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta.update(fields)
+    with open(meta_path, "w") as f:
+        json.dump(meta, f, indent=2)
+
+
+def _calibrate_session(d: Path, factor: float) -> None:
+    """calibrate_scale.py's calibrate_session: scale every translation in
+    poses.json by `factor`, rewrite it, and record `scale_factor` in metadata."""
+    with open(d / "poses.json") as f:
+        poses_raw = json.load(f)
+    for e in poses_raw:
+        T = np.array(e["transform"], dtype=np.float64).reshape(4, 4)
+        T[:3, 3] *= factor
+        e["transform"] = T.tolist()
+    with open(d / "poses.json", "w") as f:
+        json.dump(poses_raw, f, indent=2)
+    _update_metadata(d / "metadata.json", scale_factor=factor)
 
 
 def write_user_slam(
@@ -74,8 +138,6 @@ def write_user_slam(
     Returns {"sfm_scale", "scale_factor" (None when uncalibrated), "metric_error"
     (written / true length - 1, None when uncalibrated), "frame_indices" (the real
     frame index each entry shows), "rgbIndex" (what the entries say)}."""
-    from packer.synth import TRUTH_FILE
-
     d = Path(session_dir)
     if not d.is_dir():
         raise ValueError(f"{d}: the user's scripts run on a session folder (extract a .zip export first)")
@@ -88,63 +150,17 @@ def write_user_slam(
     first = int(first)
     if not 0 <= first < last < n_total:
         raise ValueError(f"need 0 <= first < last < {n_total} (files), got {first}, {last}")
+    factor = _scale_factor(scale, sfm_scale, truth_scale_error)
 
-    if scale is None:
-        factor = None
-    elif scale == "auto":
-        factor = float(sfm_scale) * (1.0 + float(truth_scale_error))
-    elif isinstance(scale, (int, float)):
-        factor = float(scale)
-    else:
-        raise ValueError(f"scale must be None, 'auto' or a number, got {scale!r}")
-
-    def sfm_pose(pos: int) -> np.ndarray:
-        T = poses[real_idx[pos]].copy()
-        T[:3, 3] /= sfm_scale
-        return T
-
-    keys = [k for k in range(0, n_total, max(1, int(subsample)))]
-    if keys[-1] != n_total - 1:
-        keys.append(n_total - 1)
-    keys = sorted({k for k in keys if first <= k <= last} | {first, last})
-    out = []
-    for i in range(first, last + 1):
-        j = int(np.searchsorted(keys, i))
-        if keys[j] == i:
-            T = sfm_pose(i)
-        else:
-            a, b = keys[j - 1], keys[j]
-            T = _interp_pose(sfm_pose(a), sfm_pose(b), (i - a) / (b - a))
-        out.append({"timestamp": float(i) / 60.0, "rgbIndex": i, "depth": None, "transform": T.tolist()})
+    out = _run_slam_entries(poses, real_idx, first, last, subsample, sfm_scale)
     with open(d / "poses.json", "w") as f:
         json.dump(out, f, indent=2)
-
     if write_calib:
         f_, cx, cy = colmap_intrinsics or (tr["intrinsics"][0], tr["intrinsics"][2], tr["intrinsics"][3])
         (d / "calib.txt").write_text(f"{f_:.4f} {f_:.4f} {cx:.4f} {cy:.4f}")
-
-    meta_path = d / "metadata.json"
-    with open(meta_path) as f:
-        meta = json.load(f)
-    meta["slamProcessed"] = True
-    meta["poseCount"] = len(out)
-    with open(meta_path, "w") as f:
-        json.dump(meta, f, indent=2)
-
-    if factor is not None:  # calibrate_session: scale translations, rewrite both files
-        with open(d / "poses.json") as f:
-            poses_raw = json.load(f)
-        for e in poses_raw:
-            T = np.array(e["transform"], dtype=np.float64).reshape(4, 4)
-            T[:3, 3] *= factor
-            e["transform"] = T.tolist()
-        with open(d / "poses.json", "w") as f:
-            json.dump(poses_raw, f, indent=2)
-        with open(meta_path) as f:
-            meta = json.load(f)
-        meta["scale_factor"] = factor
-        with open(meta_path, "w") as f:
-            json.dump(meta, f, indent=2)
+    _update_metadata(d / "metadata.json", slamProcessed=True, poseCount=len(out))
+    if factor is not None:
+        _calibrate_session(d, factor)
 
     return {
         "sfm_scale": float(sfm_scale),

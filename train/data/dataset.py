@@ -17,16 +17,17 @@ import math
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shardship.errors import ShardshipError
-from shardship.pil import cache_image_buffers
 from shardship.hashing import sha256_file
+from shardship.pil import cache_image_buffers
 from train.data import partition
 from train.data.decode import decode_jpeg, sample_arrays
 from train.data.index import ShardIndex

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL._imaging import ImagingDecoder
 
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _fast_jpeg_ok: bool | None = None  # per process
@@ -53,7 +56,9 @@ def jpeg_frame(buf: bytes | memoryview) -> tuple[int, int, int] | None:
 
 def _decode_direct(jpg: bytes | memoryview, width: int, height: int) -> np.ndarray:
     core = Image.core.new("RGB", (width, height))
-    dec = Image._getdecoder("RGB", "jpeg", ("RGB", ""))
+    # PIL types this as the C decoder or a Python PyDecoder (whose stub takes bytes only);
+    # "jpeg" is always the C one, which reads any buffer, memoryview included
+    dec = cast("ImagingDecoder", Image._getdecoder("RGB", "jpeg", ("RGB", "")))
     dec.setimage(core, (0, 0, width, height))
     try:
         n, err = dec.decode(jpg)
@@ -66,9 +71,8 @@ def _decode_direct(jpg: bytes | memoryview, width: int, height: int) -> np.ndarr
 
 def _decode_general(jpg: bytes | memoryview) -> np.ndarray:
     with Image.open(io.BytesIO(jpg), formats=("JPEG",)) as im:
-        if im.mode != "RGB":
-            im = im.convert("RGB")
-        return np.asarray(im)
+        rgb = im if im.mode == "RGB" else im.convert("RGB")
+        return np.asarray(rgb)
 
 
 def _check_fast_path() -> bool:
@@ -112,7 +116,8 @@ def _numbers(js: bytes, key: bytes, nested: bool) -> np.ndarray | None:
 
 def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int) -> dict[str, Any]:
     """{"action": (T, D), "action_mask": (T,) | None, "proprio": (J,) | None} as
-    float32, and "joints_valid" (False for a session recorded without the glove). Raises ValueError when the JSON does not fit the index's shapes."""
+    float32, and "joints_valid" (False for a session recorded without the glove). Raises ValueError when the
+    JSON does not fit the index's shapes."""
     a = _numbers(js, b'"action":', nested=True)
     m = _numbers(js, b'"action_mask":', nested=False)
     p = _numbers(js, b'"proprio":', nested=False) if joints else np.zeros(0)

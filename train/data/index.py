@@ -8,16 +8,15 @@ per-session metadata (hundreds of entries, not millions) are Python objects."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from shardship.format import index as manifest
 from shardship.errors import ShardshipError
-
-REQUIRED_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "has_action")
+from shardship.format import index as fmt
 
 
 @dataclass
@@ -82,11 +81,11 @@ class ShardIndex:
         """Identity of the sample set (shards' sha256 + counts): a checkpoint's reader
         position only means something for the same fingerprint."""
         h = hashlib.sha256()
-        for name, sha, n in zip(self.shard_names, self.shard_sha256, self.counts.tolist()):
+        for name, sha, n in zip(self.shard_names, self.shard_sha256, self.counts.tolist(), strict=True):
             h.update(f"{name}:{sha}:{n}\n".encode())
         return h.hexdigest()[:16]
 
-    def select_sessions(self, names: Sequence[str]) -> "ShardIndex":
+    def select_sessions(self, names: Sequence[str]) -> ShardIndex:
         """The sub-index of whole sessions (train/val split by session: one
         session's frames never land on both sides)."""
         want = {self.session_names.index(n) for n in names}
@@ -95,9 +94,9 @@ class ShardIndex:
         mask = keep_shards[self.shard]
         return ShardIndex(
             root=self.root,
-            shard_names=[n for n, k in zip(self.shard_names, keep_shards) if k],
+            shard_names=[n for n, k in zip(self.shard_names, keep_shards, strict=True) if k],
             shard_bytes=self.shard_bytes[keep_shards],
-            shard_sha256=[h for h, k in zip(self.shard_sha256, keep_shards) if k],
+            shard_sha256=[h for h, k in zip(self.shard_sha256, keep_shards, strict=True) if k],
             shard_session=self.shard_session[keep_shards],
             shard=new_id[self.shard[mask]].astype(np.int32),
             jpg_offset=self.jpg_offset[mask],
@@ -121,59 +120,50 @@ class ShardIndex:
 
 def load_index(root: str | Path) -> ShardIndex:
     """Read `root/index.json` (FORMAT.md, version 1) into a ShardIndex."""
-    doc = manifest.load(root)
-    return index_from_doc(doc, Path(root), where=str(Path(root) / manifest.INDEX))
+    return _build(fmt.read(root), Path(root))
 
 
-def index_from_doc(doc: dict[str, Any], root: Path, where: str = manifest.INDEX) -> ShardIndex:
-    if doc.get("format") != "shardship-index" or doc.get("version") != 1:
-        raise ShardshipError(f"{where}: not a shardship index version 1 (format={doc.get('format')!r}, "
-                             f"version={doc.get('version')!r})")
-    fields = list(doc.get("sample_fields", []))
-    missing = [f for f in REQUIRED_FIELDS if f not in fields]
-    if missing:
-        raise ShardshipError(f"{where}: sample_fields lacks {', '.join(missing)}; re-run `packer pack`")
-    col = {f: fields.index(f) for f in REQUIRED_FIELDS}
+def index_from_doc(doc: dict[str, Any], root: Path, where: str = fmt.INDEX) -> ShardIndex:
+    """A ShardIndex from an index.json document already in memory (validated by
+    the format module, as `load_index` does)."""
+    return _build(fmt.validate(doc, where), Path(root))
 
-    session_names = sorted(doc.get("sessions", {}).keys())
+
+def _build(ix: fmt.Index, root: Path) -> ShardIndex:
+    """Flatten the validated shards' sample columns into one numpy array per column,
+    keeping only samples with an action chunk (the only ones a policy trains on)."""
+    doc = ix.doc
+    sessions = doc.get("sessions") or {}
+    session_names = sorted(sessions.keys())
     session_id = {n: i for i, n in enumerate(session_names)}
-    shards = doc.get("shards", [])
     shard_names: list[str] = []
     shard_bytes: list[int] = []
     shard_sha: list[str] = []
     shard_sess: list[int] = []
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "jpg_offset", "jpg_size", "json_offset",
                                                          "json_size", "session", "keys")}
-    for sh in shards:
-        sess = sh.get("session")
-        if sess not in session_id:
-            session_id[sess] = len(session_names)
-            session_names.append(sess)
-        rows = sh.get("samples", [])
-        if not rows:
-            continue
-        # One shard at a time keeps the transient Python objects small.
-        num = np.array([[r[col["jpg_offset"]], r[col["jpg_size"]], r[col["json_offset"]], r[col["json_size"]],
-                         r[col["has_action"]]] for r in rows], dtype=np.int64)
-        keep = num[:, 4] != 0
+    for sh in ix.shards:
+        if sh.session not in session_id:
+            session_id[sh.session] = len(session_names)
+            session_names.append(sh.session)
+        keep = sh.samples.has_action
         if not keep.any():
             continue
         s = len(shard_names)
-        shard_names.append(sh["name"])
-        shard_bytes.append(int(sh["bytes"]))
-        shard_sha.append(str(sh["sha256"]))
-        shard_sess.append(session_id[sess])
+        shard_names.append(sh.name)
+        shard_bytes.append(sh.bytes)
+        shard_sha.append(sh.sha256)
+        shard_sess.append(session_id[sh.session])
         n = int(keep.sum())
         cols["shard"].append(np.full(n, s, dtype=np.int32))
-        cols["jpg_offset"].append(num[keep, 0])
-        cols["jpg_size"].append(num[keep, 1])
-        cols["json_offset"].append(num[keep, 2])
-        cols["json_size"].append(num[keep, 3])
-        cols["session"].append(np.full(n, session_id[sess], dtype=np.int32))
-        cols["keys"].append(np.array([str(r[col["key"]]).encode() for r, k in zip(rows, keep) if k]))
+        for name in ("jpg_offset", "jpg_size", "json_offset", "json_size"):
+            cols[name].append(getattr(sh.samples, name)[keep])
+        cols["session"].append(np.full(n, session_id[sh.session], dtype=np.int32))
+        kept = keep.tolist()
+        cols["keys"].append(np.array([k.encode() for k, k_ok in zip(sh.samples.keys, kept, strict=True) if k_ok]))
 
     if not shard_names:
-        raise ShardshipError(f"{where}: no samples with an action chunk (sessions need poses: run `packer slam`)")
+        raise ShardshipError(f"{ix.where}: no samples with an action chunk (sessions need poses: run `packer slam`)")
 
     def cat(name: str, dtype: Any) -> np.ndarray:
         return np.concatenate(cols[name]).astype(dtype, copy=False)
@@ -183,7 +173,6 @@ def index_from_doc(doc: dict[str, Any], root: Path, where: str = manifest.INDEX)
     opts = doc.get("options", {})
     size = opts.get("size", 224)
     image_size = (int(size[0]), int(size[1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
-    sessions = doc.get("sessions", {})
     metric = all(bool(sessions.get(session_names[i], {}).get("pose_metric", True)) for i in set(shard_sess))
     return ShardIndex(
         root=root,

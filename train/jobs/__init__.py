@@ -3,7 +3,7 @@
 submitted / followed / fetched over one connection (submit.py)."""
 from __future__ import annotations
 
-from train.jobs.spec import JobSpec, build_spec, parse_walltime, format_walltime
+from train.jobs.spec import JobSpec, build_spec, format_walltime, parse_walltime
 
 
 def render(spec: JobSpec) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shardship.units import human
 from shardship.errors import QuotaError, ShardshipError
+from shardship.units import human
 from train.jobs.spec import JobSpec
 from train.retention import peak_checkpoint_files
 
@@ -92,8 +92,9 @@ def check_cpus(spec: JobSpec) -> list[Finding]:
             f"cores / {spec.ranks_per_node} ranks): workers would fight for cores; set [train] num_workers = "
             f"{max(per_rank - 1, 1)} or cpus = {spec.ranks_per_node * (spec.num_workers + 1)}"))
     elif spec.num_workers == per_rank and per_rank > 1:
-        out.append(Finding("warning", "cpus", f"num_workers = {spec.num_workers} uses every core of a rank; the "
-                                              f"training process shares one (num_workers = {per_rank - 1} leaves it one)"))
+        out.append(Finding("warning", "cpus",
+                           f"num_workers = {spec.num_workers} uses every core of a rank; the "
+                           f"training process shares one (num_workers = {per_rank - 1} leaves it one)"))
     return out
 
 
@@ -130,8 +131,9 @@ def check_quota(spec: JobSpec, checkpoint_bytes: int, headroom_bytes: int | None
     margin = int((quota_bytes or 0) * QUOTA_MARGIN)
     if more > headroom_bytes - margin:
         fit_keep = spec.keep
-        while fit_keep > 0 and max(0, peak_checkpoint_files(fit_keep) * checkpoint_bytes + LOG_BYTES - existing_bytes) > \
-                headroom_bytes - margin:
+        while (fit_keep > 0
+               and max(0, peak_checkpoint_files(fit_keep) * checkpoint_bytes + LOG_BYTES - existing_bytes)
+               > headroom_bytes - margin):
             fit_keep -= 1
         fix = (f"set [train] keep = {fit_keep}" if fit_keep < spec.keep and fit_keep > 0 else
                "free space on the cluster or use a smaller model")

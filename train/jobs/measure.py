@@ -15,8 +15,9 @@ import posixpath
 import re
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from shardship.units import parse_size
 from train.jobs import checks

@@ -66,11 +66,12 @@ def render(spec: JobSpec) -> str:
     lines.append(f"{launch_line(spec)} &")
     lines += wait_loop()
     lines.append("")
-    lines.append(f"# Stopped for the time limit ({spec.time_limit_s} s) with a fresh checkpoint: exit {RESCHEDULE_EXIT} "
-                 "makes SGE")
+    lines.append(f"# Stopped for the time limit ({spec.time_limit_s} s) with a fresh checkpoint: "
+                 f"exit {RESCHEDULE_EXIT} makes SGE")
     lines.append("# reschedule this job (same job id); the next run resumes from `last`.")
     lines.append(f'if [ "$rc" -eq 0 ] && [ "$elapsed" -ge {spec.time_limit_s} ] && {fresh_checkpoint_test(spec)}; then')
-    lines.append('  echo "shardship: time limit reached, checkpoint saved: rescheduling job $JOB_ID (resumes from last)"')
+    lines.append('  echo "shardship: time limit reached, checkpoint saved: '
+                 'rescheduling job $JOB_ID (resumes from last)"')
     lines.append(f"  exit {RESCHEDULE_EXIT}")
     lines.append("fi")
     lines.append('exit "$rc"')

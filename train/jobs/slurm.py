@@ -15,10 +15,18 @@ from __future__ import annotations
 
 import re
 
-from shardship.units import parse_size
 from shardship.errors import ShardshipError
-from train.jobs.common import (continued, directive_value, fresh_checkpoint_test, header, launch_line, setup_block,
-                               train_lines, wait_loop)
+from shardship.units import parse_size
+from train.jobs.common import (
+    continued,
+    directive_value,
+    fresh_checkpoint_test,
+    header,
+    launch_line,
+    setup_block,
+    train_lines,
+    wait_loop,
+)
 from train.jobs.spec import RDZV_PORT, JobSpec
 
 _SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
@@ -49,7 +57,8 @@ def multinode_launch(spec: JobSpec) -> list[str]:
         "# one torchrun per node (srun), rendezvous on the first node of the allocation",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         continued(
-            'srun --kill-on-bad-exit=1 --nodes "$SLURM_NNODES" --ntasks-per-node=1 --cpus-per-task "$SLURM_CPUS_PER_TASK"',
+            'srun --kill-on-bad-exit=1 --nodes "$SLURM_NNODES" --ntasks-per-node=1 '
+            '--cpus-per-task "$SLURM_CPUS_PER_TASK"',
             f'torchrun --nnodes "$SLURM_NNODES" --nproc_per_node {spec.ranks_per_node}',
             f'--rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$head:{RDZV_PORT}"',
             *train_lines(spec, "-m"),

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from shardship.config import ClusterConfig
-from shardship.units import parse_size
 from shardship.errors import ShardshipError
+from shardship.units import parse_size
+from train.config import TrainConfig
 
 SCHEDULERS = ("sge", "slurm")
-# Fallbacks for the [train] keys the checks read when train.trainer cannot be imported;
-# train_settings() takes the trainer's own defaults when it can.
-DEFAULT_NUM_WORKERS = 2
-DEFAULT_CHECKPOINT_EVERY = 500
-DEFAULT_KEEP = 2
-DEFAULT_BATCH_SIZE = 32
 # The trainer checkpoints and stops this long before the wall clock (`train run --time-limit`);
 # SLURM also sends the batch shell USR1 this long ahead. Clamped to a third of the wall clock.
 DEFAULT_STOP_BEFORE_S = 300
@@ -46,10 +42,11 @@ class JobSpec:
     log_dir: str  # absolute remote directory for the scheduler's stdout/stderr
     script_path: str  # absolute remote path the script is written to
     config_path: str | None = None  # absolute remote path of the [train] TOML the trainer reads
-    num_workers: int = DEFAULT_NUM_WORKERS
-    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
-    keep: int = DEFAULT_KEEP
-    batch_size: int = DEFAULT_BATCH_SIZE
+    # the [train] settings the checks read; defaults are the trainer's (train.config)
+    num_workers: int = TrainConfig.num_workers
+    checkpoint_every: int = TrainConfig.checkpoint_every
+    keep: int = TrainConfig.keep
+    batch_size: int = TrainConfig.batch_size
     python: str = "python3"
     setup: tuple[str, ...] = ()
     train_args: tuple[str, ...] = ()  # extra `train run` arguments, e.g. ("--max-steps", "100")
@@ -105,7 +102,9 @@ def parse_walltime(text: str | int) -> int:
     if not m:
         raise ShardshipError(f"cannot read wall clock {text!r}: use HH:MM:SS (e.g. 12:00:00) or D-HH:MM:SS")
     days, a, b, c = (int(x) if x is not None else None for x in m.groups())
+    assert a is not None  # the regex's first number is not optional
     if c is not None:  # H:M:S
+        assert b is not None  # the regex's third number only ever matches after a second
         secs = a * 3600 + b * 60 + c
     elif b is not None:  # M:S, or D-H:M
         secs = a * 3600 + b * 60 if days is not None else a * 60 + b
@@ -146,18 +145,9 @@ def _positive_int(value: Any, what: str, minimum: int = 1) -> int:
 
 
 def train_settings(train: Mapping[str, Any], where: str = "[train]") -> dict[str, int]:
-    """num_workers, checkpoint_every, keep, batch_size as `train run` will use them: the
-    trainer's TrainConfig (its defaults, its validation) when importable."""
-    try:
-        from train.trainer import TrainConfig
-    except ImportError:  # trainer not installed here: same keys, documented fallbacks
-        return {
-            "num_workers": _positive_int(train.get("num_workers", DEFAULT_NUM_WORKERS), f"{where} num_workers", 0),
-            "checkpoint_every": _positive_int(train.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY),
-                                              f"{where} checkpoint_every"),
-            "keep": _positive_int(train.get("keep", DEFAULT_KEEP), f"{where} keep", 0),
-            "batch_size": _positive_int(train.get("batch_size", DEFAULT_BATCH_SIZE), f"{where} batch_size"),
-        }
+    """num_workers, checkpoint_every, keep, batch_size as `train run` will use them:
+    parsed by the trainer's own TrainConfig (its defaults, its validation), which is
+    torch-free, so a submit host without torch checks exactly what the job will run."""
     tc = TrainConfig.from_dict(train, where)
     return {"num_workers": int(tc.num_workers), "checkpoint_every": int(tc.checkpoint_every), "keep": int(tc.keep),
             "batch_size": int(tc.batch_size)}
@@ -188,7 +178,9 @@ def build_spec(
     if sched not in SCHEDULERS:
         raise ShardshipError(f"{where} scheduler = {cluster.scheduler!r}: use \"sge\" or \"slurm\"")
     if not posixpath.isabs(remote_root):
-        raise ShardshipError(f"remote directory {remote_root!r} must be absolute here (resolve it against the remote home)")
+        raise ShardshipError(
+            f"remote directory {remote_root!r} must be absolute here (resolve it against the remote home)"
+        )
     nodes = _positive_int(cluster.nodes, f"{where} nodes")
     gpus = _positive_int(cluster.gpus, f"{where} gpus", minimum=0)
     cpus = _positive_int(cluster.cpus, f"{where} cpus")

@@ -88,7 +88,8 @@ def parse_qacct(text: str, job_id: str) -> JobState | None:
         return None
     r = recs[-1]
     failed = r.get("failed", "0")
-    fcode = int(re.match(r"\d+", failed).group()) if re.match(r"\d+", failed) else 0
+    fm = re.match(r"\d+", failed)
+    fcode = int(fm.group()) if fm else 0
     m = re.match(r"-?\d+", r.get("exit_status", ""))
     code = int(m.group()) if m else None
     if fcode == 0 and code == 0:
@@ -114,7 +115,8 @@ def query_state(remote: Any, scheduler: str, job_id: str) -> JobState:
             q = remote.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], timeout=60)
             if q.ok and q.stdout.strip():
                 return JobState(str(job_id), q.stdout.split()[0], source="squeue")
-            return JobState(str(job_id), "GONE", detail="no longer known to SLURM; see the job's log", source="scontrol")
+            return JobState(str(job_id), "GONE", detail="no longer known to SLURM; see the job's log",
+                            source="scontrol")
         return st
     res = remote.run(["qstat", "-u", "*"], timeout=60)
     st = parse_qstat(res.stdout, job_id) if res.ok else None

@@ -10,21 +10,21 @@ import datetime
 import json
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from shardship.config import ClusterConfig, Config
-from shardship.units import parse_size
 from shardship.errors import RemoteError, ShardshipError
-from train.jobs import checks, measure
+from shardship.format import index as fmt
+from shardship.units import parse_size
+from train.jobs import checks, measure, render
 from train.jobs import log_path as job_log_path
-from train.jobs import render
-from train.retention import peak_checkpoint_files
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
-
+from train.retention import peak_checkpoint_files
 
 # ---------------------------------------------------------------- job ids
 _SGE_ID = re.compile(r"Your job(?:-array)? (\d+)(?:\.\S+)? \(")
@@ -103,15 +103,19 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, 
     """All pre-submit checks against the live remote; returns (findings, notes)."""
     findings: list[checks.Finding] = []
     notes: list[str] = []
-    index_path = posixpath.join(spec.data_dir, "index.json")
+    index_path = posixpath.join(spec.data_dir, fmt.INDEX)
     index: dict[str, Any] | None = None
     if not remote.exists(index_path):
         findings.append(checks.Finding("error", "data", f"no packed data on {remote.label}: {index_path} is missing; "
                                                         "run `transfer upload` first"))
     else:
-        with contextlib.suppress(ValueError, RemoteError, OSError):
-            index = json.loads(remote.read_file(index_path))
-    local_packed = Path(cfg.packed) if (Path(cfg.packed) / "index.json").is_file() else None
+        try:
+            index = fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}").doc
+        except ShardshipError as e:  # a damaged or partial upload: say so, the other checks still run
+            findings.append(checks.Finding("error", "data", f"{e}; re-run `transfer upload`"))
+        except (RemoteError, OSError) as e:
+            findings.append(checks.Finding("error", "data", f"cannot read {index_path} on {remote.label}: {e}"))
+    local_packed = Path(cfg.packed) if (Path(cfg.packed) / fmt.INDEX).is_file() else None
     rss, rss_src = measure.worker_rss(spec, local_packed, bench_csv=bench_csv, probe=probe)
     node_mem, mem_src = measure.node_memory(remote, spec)
     notes.append(f"per-worker RSS {rss / 2**20:.0f} MiB ({rss_src}); biggest node "
@@ -136,9 +140,11 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, 
 
 def _quota(remote: Any, cluster: ClusterConfig, spec: JobSpec) -> tuple[int | None, int | None, str]:
     """(limit, headroom, source): the live quota, or the configured one minus what is used."""
+    from transfer.quota import live_quota  # lazily, like every transfer import in train
+
     q = None
     with contextlib.suppress(RemoteError, OSError):
-        q = remote.quota(spec.data_dir)
+        q = live_quota(remote, spec.data_dir)
     if str(cluster.quota).lower() != "auto":
         # a configured quota covers what shardship keeps under remote_dir (as `packer budget`)
         limit = parse_size(cluster.quota)

@@ -1,10 +1,21 @@
-"""Will it fit? Pure arithmetic over what the run will keep on the cluster, so the
-numbers can be tested exactly and shown before a single byte moves."""
+"""Will it fit? What a training run will keep on the cluster (packed data,
+checkpoints sized from the real model, normaliser, logs, Python env) against the
+quota from the config, the command line or live from the cluster.
+
+It composes every stage (the packed index, the trainer's model and checkpoint
+retention, the transfer connection for the live quota), so it lives with the last
+stage; `packer budget` parses options, calls `plan_budget` and prints. The
+arithmetic (`compute`) is pure, so its numbers are tested exactly."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from shardship.units import human
+from shardship.config import Config
+from shardship.errors import ShardshipError
+from shardship.format import index as fmt
+from shardship.units import human, parse_size
 from train.retention import peak_checkpoint_files
 
 
@@ -53,7 +64,8 @@ def compute(b: BudgetInputs) -> Budget:
     rows = [
         BudgetRow("packed data", b.packed_bytes, b.packed_files, "shards + index.json"),
         BudgetRow("checkpoints", n_ckpt * b.checkpoint_bytes, n_ckpt,
-                  f"{n_ckpt} x {human(b.checkpoint_bytes)} ({b.keep} kept + best + one being written; model+EMA+AdamW)"),
+                  f"{n_ckpt} x {human(b.checkpoint_bytes)} "
+                  f"({b.keep} kept + best + one being written; model+EMA+AdamW)"),
         BudgetRow("normaliser", b.normaliser_bytes, 1, "action/proprio statistics"),
         BudgetRow("logs", b.log_bytes, 20, "metrics JSONL, plots, job logs"),
         BudgetRow("python env", b.env_bytes, b.env_files if b.env_bytes else 0,
@@ -75,7 +87,8 @@ def suggestions(b: BudgetInputs, headroom: int, inode_headroom: int | None) -> l
     out: list[tuple[int, str]] = []
     if need > 0:
         if b.env_bytes:
-            out.append((b.env_bytes, f"use the cluster's torch module instead of a venv ([budget] env = 0): frees {human(b.env_bytes)}"))
+            out.append((b.env_bytes, "use the cluster's torch module instead of a venv ([budget] env = 0): "
+                                     f"frees {human(b.env_bytes)}"))
         if b.keep > 1:
             k = b.keep - 1
             while k > 0 and (b.keep - k) * b.checkpoint_bytes < need:
@@ -99,10 +112,62 @@ def render(bud: Budget, quota_source: str) -> str:
     for r in bud.rows:
         lines.append(f"{r.item:<{w}}{human(r.bytes):>10}  {r.files:>7}  {r.note}")
     lines.append(f"{'total':<{w}}{human(bud.total):>10}  {bud.total_files:>7}")
-    lines.append(f"{'quota':<{w}}{human(bud.quota):>10}  {'' if bud.inode_limit is None else bud.inode_limit:>7}  from {quota_source}")
+    inodes = "" if bud.inode_limit is None else bud.inode_limit
+    lines.append(f"{'quota':<{w}}{human(bud.quota):>10}  {inodes:>7}  from {quota_source}")
     if bud.used_other:
         lines.append(f"{'used by others':<{w}}{human(bud.used_other):>10}           on the cluster, not this dataset")
     sign = "-" if bud.headroom < 0 else ""
     inode = "" if bud.inode_headroom is None else bud.inode_headroom
     lines.append(f"{'headroom':<{w}}{sign + human(abs(bud.headroom)):>10}  {inode:>7}  after a 5% safety margin")
     return "\n".join(lines)
+
+
+def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote: str | None = None,
+                keep: int | None = None, env_size: str | None = None,
+                accept_new_host_key: bool = False) -> tuple[Budget, str]:
+    """(the budget, where the quota came from) for the packed data in `out_dir`.
+    Quota source, in order: live from `remote`, `quota`, a single configured
+    cluster's quota, 10G."""
+    from train.config import TrainConfig
+    from train.model import checkpoint_bytes
+
+    index = fmt.load(out_dir)
+    assert index is not None
+    packed = sum(s["bytes"] for s in index["shards"]) + (out_dir / fmt.INDEX).stat().st_size
+    train_cfg = dict(cfg.train)
+    ckpt = checkpoint_bytes({**train_cfg, "action_dim": index.get("action_dim") or 9,
+                             "horizon": index.get("horizon") or 16, "proprio_dim": len(index.get("joints", []))})
+    inputs = BudgetInputs(
+        packed_bytes=packed, packed_files=len(index["shards"]) + 1, checkpoint_bytes=ckpt,
+        keep=keep if keep is not None else int(train_cfg.get("keep", TrainConfig.keep)), quota_bytes=0,
+        env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
+    )
+    source = "default 10G"
+    if remote:
+        q, already = live_quota_and_uploaded(cfg, remote, index, accept_new_host_key)
+        if q is None or not q.limit_bytes:
+            raise ShardshipError(f"{remote}: no quota found (tried quota, lfs, mmlsquota, df): pass --quota SIZE")
+        # shards already uploaded are in `used` and in the packed-data row: count them once
+        inputs.quota_bytes, inputs.used_bytes = q.limit_bytes, max(0, (q.used_bytes or 0) - already)
+        inputs.inode_limit, inputs.inodes_used, source = q.inode_limit, q.inode_used or 0, f"{q.source} on {remote}"
+    elif quota:
+        inputs.quota_bytes, source = parse_size(quota), "--quota"
+    elif cfg.clusters and len(cfg.clusters) == 1 and next(iter(cfg.clusters.values())).quota != "auto":
+        c = next(iter(cfg.clusters.values()))
+        inputs.quota_bytes, source = parse_size(c.quota), f"[cluster.{c.name}] quota"
+    else:
+        inputs.quota_bytes = parse_size("10G")
+    return compute(inputs), source
+
+
+def live_quota_and_uploaded(cfg: Config, name: str, index: dict[str, Any],
+                            accept_new_host_key: bool) -> tuple[Any, int]:
+    """(quota, bytes of this dataset's shards already on the cluster), one connection."""
+    from transfer import connect, live_quota
+
+    with connect(cfg.cluster(name), accept_new_host_key=accept_new_host_key) as r:
+        q = live_quota(r, r.root)
+        present = r.listdir("")
+    already = sum(sh["bytes"] for sh in index["shards"]
+                  if sh["name"] in present and present[sh["name"]].size == sh["bytes"])
+    return q, already

@@ -1,0 +1,124 @@
+"""What every sample of a session says, computed once per session in the main
+process before its frames are encoded: timestamps, intrinsics, the pose and its
+provenance flag, the glove's joints at the frame's time, and the action chunk.
+Pure per-session planning; `packer.pack` does the I/O."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.actions import POSE_DIMS, RunningStats, segmented_chunks
+from packer.clock import FrameClock, frame_clock
+from packer.encoders import JOINTS, coverage
+from packer.imageops import ResizeSpec, rescale_intrinsics
+from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, load_encoders, load_pose_flags, load_poses, poses_are_metric
+from shardship.config import PackOptions
+
+MIN_ENCODER_COVERAGE = 0.5  # below this the joints would mostly be held values: refuse
+
+
+@dataclass
+class SessionPlan:
+    session: Session
+    signature: str  # stat signature; the content fingerprint comes from the workers
+    keep: np.ndarray  # positions into session.frames kept after stride
+    metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
+    action_stats: RunningStats | None
+    proprio_stats: RunningStats | None
+    joints_valid: bool
+    clock: dict[str, Any]
+    frames_without_pose: int
+
+
+def kept_frames(session: Session, opts: PackOptions) -> np.ndarray:
+    return np.arange(0, session.n_frames, max(1, opts.stride))
+
+
+def plan_session(session: Session, opts: PackOptions, signature: str) -> SessionPlan:
+    """Everything a sample's JSON needs, computed once per session in the main process."""
+    keep = kept_frames(session, opts)
+    t = session.timestamps[keep]
+    idx = [int(session.frames[i]) for i in keep]
+    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
+    k = rescale_intrinsics(session.intrinsics, RAW_WIDTH, RAW_HEIGHT, spec) if session.intrinsics else None
+
+    by_index = load_poses(session)
+    flags = load_pose_flags(session)
+    posed = np.array([by_index is not None and i in by_index for i in idx], dtype=bool)
+    clock = frame_clock(session, by_index)
+    joints, joints_valid = _joints(session, clock, t)
+    poses: np.ndarray | None = None
+    if posed.any():
+        assert by_index is not None  # a frame is posed only when by_index holds its pose
+        poses = np.stack([by_index[i] if p else np.eye(4) for i, p in zip(idx, posed)])
+    actions, mask = segmented_chunks(poses, posed, joints, opts.horizon)
+    if posed.any() and not posed.all():
+        session.warnings.append(
+            f"poses.json covers frames {idx[int(np.argmax(posed))]}-{idx[len(idx) - 1 - int(np.argmax(posed[::-1]))]}"
+            f" of {idx[0]}-{idx[-1]}: {int((~posed).sum())} frame(s) outside get no pose and no action")
+
+    dims = np.ones(POSE_DIMS + len(JOINTS), bool)
+    dims[POSE_DIMS:] = joints_valid
+    astats = pstats = None
+    if actions is not None:
+        astats = RunningStats(actions.shape[-1])
+        astats.add(actions[posed][mask[posed].astype(bool)], dims)
+    if joints_valid:
+        pstats = RunningStats(len(JOINTS))
+        pstats.add(joints)
+
+    metric = bool(poses_are_metric(session) and poses is not None)
+    metas = []
+    for j, frame in enumerate(idx):
+        metas.append({
+            "session": session.name, "frame": frame, "timestamp": float(t[j]),
+            "image_size": [opts.size, opts.size], "intrinsics": k,
+            "pose": _r(poses[j]) if poses is not None and posed[j] else None,  # posed[j] implies poses is set
+            "pose_metric": metric and bool(posed[j]),
+            "pose_flag": flags.get(frame, "given") if posed[j] else ("outside" if poses is not None else None),
+            "interpolated": flags.get(frame, "registered") != "registered" if posed[j] else False,
+            "proprio": _r(joints[j]),
+            "joints_valid": joints_valid,
+            "action": _r(actions[j]) if actions is not None and posed[j] else None,
+            "action_mask": mask[j].tolist(),
+        })
+    return SessionPlan(session, signature, keep, metas, astats, pstats, joints_valid, clock.to_json(),
+                        int((~posed).sum()) if poses is not None else len(idx))
+
+
+def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(N, 4) joint angles in degrees at the kept frames' times, and whether they are
+    real. Without a usable glove recording the joints are zeros and masked, so the
+    session still packs with the same action layout as the others."""
+    zeros = np.zeros((len(t), len(JOINTS)))
+    enc = load_encoders(session)
+    if enc is None:
+        session.warnings.append("no encoders.json (the glove was not connected): joints masked")
+        return zeros, False
+    session.warnings.extend(enc.warnings)
+    if not enc.valid:
+        return zeros, False
+    if clock.frame0_epoch is None:
+        session.warnings.append("encoders.json: no clock to place the readings on the frames "
+                                "(no imu.json, no startTime): joints masked")
+        return zeros, False
+    epoch = clock.epoch(t)
+    cov = coverage(enc, epoch)
+    lo, hi = enc.span
+    if cov < MIN_ENCODER_COVERAGE:
+        raise session.error(
+            "encoders.json",
+            f"the readings ({lo - clock.frame0_epoch:+.2f} s to {hi - clock.frame0_epoch:+.2f} s from frame 0, "
+            f"placed by {clock.source}) cover {cov:.0%} of the video: the clocks disagree, so every joint would be "
+            "wrong; fix the timestamps, or remove encoders.json to pack with joints masked")
+    if cov < 0.95:
+        session.warnings.append(f"encoders.json covers {cov:.0%} of the video: joints held at the first/last reading "
+                                "outside it")
+    return enc.at(epoch), True
+
+
+def _r(x: np.ndarray) -> list:
+    """Micrometre / micro-radian precision: keeps sample JSON small."""
+    return np.round(x, 6).tolist()

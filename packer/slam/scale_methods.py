@@ -1,0 +1,112 @@
+"""The metric scale of one SfM reconstruction, by the method the user chose
+(`--scale imu | marker | known-distance | none`).
+
+Kept apart from `pipeline` because each method pulls in its own solver and its
+own failure messages, while the pipeline only needs "scale, metric?, fields for
+metadata". A method that cannot give a trustworthy scale raises the session's
+error naming the file to blame, never a silently wrong number."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer.session import Imu, Session
+from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
+from packer.slam.interpolate import interpolate_poses
+from packer.slam.marker import (
+    MarkerError,
+    marker_camera_centres,
+    parse_known_distance,
+    scale_from_known_distance,
+    scale_from_marker,
+)
+from packer.slam.scale import ScaleRefused, solve_scale
+
+if TYPE_CHECKING:
+    from packer.slam.pipeline import SlamOptions
+
+SCALE_METHODS = ("imu", "marker", "known-distance", "none")
+
+ScaleFit = tuple[float, bool, dict[str, Any]]  # (metres per SfM unit, metric?, metadata fields)
+
+
+def metric_scale(
+    session: Session, opts: SlamOptions, imu: Imu | None, key_pos: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray,
+) -> ScaleFit:
+    """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method."""
+    if opts.scale == "none":
+        return 1.0, False, {}
+    if opts.scale == "imu":
+        assert imu is not None
+        return _imu_scale(session, opts, imu, key_ts, key_T)
+    if opts.scale == "marker":
+        return _marker_scale(session, opts, key_pos, key_T)
+    return _known_distance_scale(session, opts, key_ts, key_T)
+
+
+def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray) -> ScaleFit:
+    """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
+    accelerometer scale solve on that alignment."""
+    centres = key_T[:, :3, 3]
+    R_wc = key_T[:, :3, :3]
+    try:
+        al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+    except AlignmentError as e:
+        raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+    try:
+        sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
+                         gyro_bias=al.gyro_bias, options=opts.scale_options)
+    except ScaleRefused as e:
+        raise session.error("imu.json", f"scale refused: {e}") from None
+    return sr.scale, True, {
+        "imu_offset": al.offset,  # IMU (epoch) clock = frame clock + offset: frame 0's epoch time
+        "imu_lag": al.offset - float(imu.t[0]),  # frame 0 after the first IMU sample
+        "R_imu_cam": al.R_ic.tolist(),
+        "gyro_bias": al.gyro_bias.tolist(),
+        "gyro_residual": al.residual,
+        "gyro_correlation": al.correlation,
+        "scale_rel_std": sr.rel_std,
+        "residual": sr.residual,
+        "confidence": sr.confidence,
+        "excitation": sr.excitation,
+        "explained": sr.explained,
+        "condition": sr.condition,
+        "accel_mode": sr.accel_mode,
+        "accel_sign": sr.accel_sign,
+        "gravity_sfm": sr.gravity,
+        "accel_bias": sr.accel_bias,
+        "scale_intervals": sr.n_intervals,
+    }
+
+
+def _marker_scale(session: Session, opts: SlamOptions, key_pos: np.ndarray, key_T: np.ndarray) -> ScaleFit:
+    """Camera centres relative to a printed ArUco marker of known size, found in
+    the keyframes, fitted against the SfM centres."""
+    centres = key_T[:, :3, 3]
+    R_wc = key_T[:, :3, :3]
+    paths = [session.frame_paths[int(k)] for k in key_pos]
+    found, mid = marker_camera_centres(paths, session.intrinsics, float(opts.marker_size),  # type: ignore[arg-type]
+                                       opts.marker_dict, opts.marker_id, R_wc=R_wc)
+    idx = np.array(sorted(found), dtype=np.int64)
+    try:
+        ms = scale_from_marker(centres[idx] if len(idx) else np.zeros((0, 3)),
+                               np.array([found[i] for i in idx]).reshape(-1, 3), marker_id=mid)
+    except MarkerError as e:
+        raise session.error("rgb/", f"marker scale: {e}") from None
+    return ms.scale, True, {"residual": ms.residual, "scale_rel_std": ms.rel_std, "marker_frames": ms.n_frames,
+                            "marker_id": ms.marker_id, "marker_size": opts.marker_size,
+                            "confidence": max(0.0, 1.0 - ms.rel_std / 0.02)}
+
+
+def _known_distance_scale(session: Session, opts: SlamOptions, key_ts: np.ndarray, key_T: np.ndarray) -> ScaleFit:
+    """The user's measured distance between two frames' camera centres
+    (interpolated when those frames are not keyframes)."""
+    a, b, d = parse_known_distance(opts.known_distance or "")
+    fr = {int(f): i for i, f in enumerate(session.frames)}
+    P, _fl = interpolate_poses(session.timestamps[[fr[a], fr[b]]], key_ts, key_T)
+    try:
+        s = scale_from_known_distance(P[0, :3, 3], P[1, :3, 3], d)
+    except MarkerError as e:
+        raise session.error("rgb/", str(e)) from None
+    return s, True, {"known_distance": [a, b, d], "residual": 0.0, "confidence": None}

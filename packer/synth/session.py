@@ -1,0 +1,180 @@
+"""`synth_session`: one session, written as a sequence of named steps, and
+`synth_dataset`: many sessions (optionally in parallel processes).
+
+The steps (plan clocks, build the world, render frames, write IMU, write encoders,
+write poses/calib, write metadata, write the video placeholder, write the truth,
+publish as folder or zip) live in their own modules; this module only orders them.
+Each step draws from its own generator (`Rngs`), so the order matters only for
+which files exist first, never for their bytes."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer.synth.clocks import plan_clocks, session_name
+from packer.synth.export import publish
+from packer.synth.frames import FPS, JPEG_QUALITY, build_world, render_frames
+from packer.synth.groundtruth import write_truth
+from packer.synth.metadata import DEVICE_MODEL, IOS_VERSION, write_metadata, write_poses, write_video
+from packer.synth.sensors import write_encoders, write_imu
+from packer.synth.spec import Rngs, SessionSpec
+
+
+def synth_session(
+    out_dir: str | os.PathLike,
+    name: str,
+    n_frames: int = 180,
+    seed: int = 0,
+    *,
+    motion: str = "hand",
+    imu_offset: float = 0.008,
+    scale_hint: float | None = None,
+    imu_duration_factor: float = 1.0,
+    nan_imu: bool = False,
+    video: bool = False,
+    scene_seed: int | None = None,
+    jpeg_quality: int = JPEG_QUALITY,
+    progress: bool = False,
+    fps: float = FPS,
+    drop_frames: tuple[int, ...] = (),
+    encoders: bool = True,
+    read_errors: float = 0.0,
+    wrap_joint: bool | str = False,
+    capture: str = "ultrawide",
+    legacy_metadata: bool = False,
+    calib: bool = True,
+    lidar: bool = True,
+    export: str = "folder",
+    device_model: str = DEVICE_MODEL,
+    ios_version: str = IOS_VERSION,
+) -> Path:
+    """Write one session `out_dir/name` as the app does and return its path (the
+    folder, or `out_dir/name.zip` with `export="zip"`).
+
+    n_frames: frames captured (indices 0..n_frames-1, minus `drop_frames`).
+    motion: "hand" (default), "rotation-only" (fixed centre: metric scale is not
+    observable and must be refused), "static" (every frame identical).
+    imu_offset: seconds of extra IMU latency (CoreMotion's main-queue handler stamps
+    with Date(): a few ms after the sample; default 8 ms against the glove's 5 ms
+    minimum BLE latency. The difference is not observable from the data, so it is
+    the floor of the joint timing error): an IMU stamp is frame0_epoch +
+    frame_time + imu_offset (truth: "imu_latency"; truth "imu_offset" is that whole
+    epoch offset, imu_stamp = frame_time + imu_offset).
+    scale_hint: multiplies every length of the scene and the trajectory (a bigger or
+    smaller world; truth poses stay metric in that world); None means 1.
+    imu_duration_factor: < 1 makes the IMU stop early (covers that fraction of the capture).
+    nan_imu: writes NaN into a few IMU samples (bad-input tests; the real app's
+    encoder would refuse to write NaN).
+    video: also write a placeholder `video.mov` (opaque bytes, never read) so raw-vs-packed
+    byte counts include a video as real captures do (metadata hasVideo is true either
+    way: the app always records one).
+    scene_seed: the room (geometry and texture) comes from this seed instead of `seed`,
+    so several sessions can be recorded in the same room.
+    fps: camera rate, 60 (default) or 30 (the app's fallback); frame i is at i / fps.
+    drop_frames: frame indices whose JPEG encode "failed": no file, the counter
+    still advanced (a gap); rgbFrameCount = last written index + 1.
+    encoders: False = glove not connected (no encoders.json, bleConnected false,
+    no encoderCount).
+    read_errors: probability per value of an I2C read error (-1.0 exactly).
+    wrap_joint: True (a seeded joint) or a joint name: that joint's calibration zero
+    sits half a turn away, so its readings cross +-180 and wrap.
+    capture: "ultrawide" (AVFoundation + CoreMotion, the current app) or "arkit"
+    (the legacy ARKit app: metric poses in poses.json, no IMU, no calib.txt).
+    legacy_metadata: arkit only: metadata as the first app version wrote it (no
+    captureSource key).
+    calib: False = the camera delivered no intrinsic matrix (no calib.txt, no
+    cameraIntrinsics).
+    lidar: arkit only: the phone has LiDAR, each pose carries the centre depth
+    (metres, Float32); False omits the key (nil optional).
+    export: "folder" or "zip" (the app's auto-zip: `name.zip` with the folder as its
+    one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
+
+    The session is assembled under a temporary name and renamed into place, so a
+    killed run never leaves a half-written session that looks complete."""
+    spec = SessionSpec(
+        name=name, n_frames=n_frames, seed=seed, motion=motion, imu_offset=imu_offset, scale_hint=scale_hint,
+        imu_duration_factor=imu_duration_factor, nan_imu=nan_imu, video=video, scene_seed=scene_seed,
+        jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
+        read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
+        calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
+    )
+    return write_session(out_dir, spec)
+
+
+def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
+    """The steps of `synth_session` for an already validated `spec`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{spec.name}.synth-tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "rgb").mkdir(parents=True)
+
+    rng = Rngs.from_seed(spec.seed)
+    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock)
+    world = build_world(spec, rng.scene, rng.traj)
+    jpeg_bytes = render_frames(tmp / "rgb", spec, world)
+    imu = write_imu(tmp, spec, clocks, world.traj, rng.imu, rng.nan)
+    enc = write_encoders(tmp, spec, clocks, world.t_frames, rng)
+    poses = write_poses(tmp, spec, world, rng.arkit)
+    md_bytes = write_metadata(tmp, spec, clocks, poses, enc.count, imu.count)
+    if spec.video:
+        write_video(tmp, jpeg_bytes, rng.vid)
+    write_truth(tmp, spec, clocks, world, imu, enc, poses)
+    return publish(tmp, out_dir, spec.name, spec.export, md_bytes, clocks.capture_start)
+
+
+def synth_dataset(
+    out: str | os.PathLike,
+    sessions: int,
+    frames: int,
+    seed: int,
+    *,
+    same_room: bool = True,
+    workers: int = 1,
+    progress: bool = True,
+    **kw: Any,
+) -> list[Path]:
+    """Write `sessions` sessions of `frames` frames under `out`; returns their paths.
+    Session i gets name `session_name(seed, i)` and its own seed derived from
+    (seed, i) (its own trajectory, IMU and gripper); with `same_room` (default, like
+    a student recording every demo in one lab) they share the room of `seed`.
+    `workers` > 1 renders sessions in parallel processes (same bytes either way).
+    Extra keywords (fps, encoders, capture, export, ...) go to `synth_session`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if same_room:
+        kw.setdefault("scene_seed", int(seed))
+    jobs = [
+        (out, session_name(seed, i), frames, int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0]))
+        for i in range(sessions)
+    ]
+    bar: Any = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sessions, desc="synth", unit="session")
+    paths: list[Path] = []
+    try:
+        if workers <= 1 or sessions <= 1:
+            for job in jobs:
+                paths.append(synth_session(*job, **kw))
+                if bar is not None:
+                    bar.update()
+        else:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(workers, sessions)) as ex:
+                futs = [ex.submit(synth_session, *job, **kw) for job in jobs]
+                for f in futs:
+                    paths.append(f.result())
+                    if bar is not None:
+                        bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    return paths

@@ -1,0 +1,110 @@
+"""`synth_session`'s arguments, checked once, and the session's seeded generators.
+
+Every step of `packer.synth.session` reads the same validated `SessionSpec`, so the
+checks (and their error messages, in their order) live in one place and a step can
+never see an argument the others rejected. The generators are one per component
+(`Rngs`): a step draws only from its own, which is what keeps toggling one option
+(e.g. `nan_imu` or `read_errors`) from changing any other stream's bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packer.synth.encoders import JOINT_NAMES
+from packer.synth.trajectory import MOTIONS
+
+CAPTURES = ("ultrawide", "arkit")
+EXPORTS = ("folder", "zip")
+
+
+@dataclass(kw_only=True)
+class SessionSpec:
+    """The arguments of `synth_session` (see its docstring), validated in
+    `__post_init__`. Values are kept as the caller passed them (every step converts
+    with int()/float() where it always did), except `fps`, which becomes a float."""
+
+    name: str
+    n_frames: int
+    seed: int
+    motion: str
+    imu_offset: float
+    scale_hint: float | None
+    imu_duration_factor: float
+    nan_imu: bool
+    video: bool
+    scene_seed: int | None
+    jpeg_quality: int
+    progress: bool
+    fps: float
+    drop_frames: tuple[int, ...]
+    encoders: bool
+    read_errors: float
+    wrap_joint: bool | str
+    capture: str
+    legacy_metadata: bool
+    calib: bool
+    lidar: bool
+    export: str
+    device_model: str
+    ios_version: str
+    dropped: list[int] = field(init=False)  # sorted unique `drop_frames`
+    present: list[int] = field(init=False)  # frame indices that get a JPEG
+
+    def __post_init__(self) -> None:
+        if self.motion not in MOTIONS:
+            raise ValueError(f"motion must be one of {MOTIONS}, got {self.motion!r}")
+        if self.capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {self.capture!r}")
+        if self.export not in EXPORTS:
+            raise ValueError(f"export must be one of {EXPORTS}, got {self.export!r}")
+        if self.n_frames < 1:
+            raise ValueError("n_frames must be >= 1")
+        if not self.fps > 0:
+            raise ValueError("fps must be > 0")
+        if not 0.0 < self.imu_duration_factor <= 1.0:
+            raise ValueError("imu_duration_factor must be in (0, 1]")
+        if not 0.0 <= self.read_errors <= 1.0:
+            raise ValueError("read_errors must be in [0, 1]")
+        if self.legacy_metadata and self.capture != "arkit":
+            raise ValueError("legacy_metadata is the first (ARKit) app's metadata: use capture='arkit'")
+        self.dropped = sorted({int(i) for i in self.drop_frames})
+        if any(not 0 <= i < self.n_frames for i in self.dropped):
+            raise ValueError(f"drop_frames must be frame indices in [0, {self.n_frames})")
+        self.present = [i for i in range(self.n_frames) if i not in set(self.dropped)]
+        if not self.present:
+            raise ValueError("drop_frames drops every frame")
+        if isinstance(self.wrap_joint, str) and self.wrap_joint not in JOINT_NAMES:
+            raise ValueError(f"wrap_joint must be a bool or one of {JOINT_NAMES}, got {self.wrap_joint!r}")
+        self.fps = float(self.fps)
+
+    @property
+    def scale(self) -> float:
+        """The world's length multiplier (`scale_hint`, None meaning 1)."""
+        return 1.0 if self.scale_hint is None else float(self.scale_hint)
+
+
+@dataclass(frozen=True)
+class Rngs:
+    """One generator per component. The field order is the order of the seed
+    sequence's spawned children, so it must never change: reordering would give
+    every existing seed different bytes (spawn keys 0..5 are the historical ones)."""
+
+    scene: np.random.Generator
+    traj: np.random.Generator
+    imu: np.random.Generator
+    grip: np.random.Generator
+    nan: np.random.Generator
+    vid: np.random.Generator
+    clock: np.random.Generator
+    esp: np.random.Generator
+    enc_noise: np.random.Generator
+    ble: np.random.Generator
+    err: np.random.Generator
+    arkit: np.random.Generator
+    wrap: np.random.Generator
+
+    @classmethod
+    def from_seed(cls, seed: int) -> Rngs:
+        ss = np.random.SeedSequence([int(seed), 0x5EED])
+        return cls(*(np.random.default_rng(s) for s in ss.spawn(13)))

@@ -1,0 +1,131 @@
+"""Checkpoint files: what one holds, how it is written so a kill never costs the
+previous one, how it is read back, and which files a run keeps.
+
+    last.pt       newest state; the run resumes from it automatically
+    step_N.pt     every checkpoint_every steps, the newest `keep` kept
+                  (last.pt is a hard link to the newest one: no extra space)
+    best.pt       lowest validation loss (EMA weights, validation sessions)
+
+The disk peak of this retention is train.retention.peak_checkpoint_files (kept
+torch-free there: `packer budget` and the job checks size quotas by it)."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shardship.atomic import atomic_open, write_bytes
+from shardship.errors import QuotaError, ShardshipError
+from train.config import TrainConfig
+from train.model import DiffusionPolicy
+from train.optim import EMA
+
+CHECKPOINT_FORMAT = "shardship-checkpoint"
+STEP_RE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def checkpoint_payload(model: DiffusionPolicy, ema: EMA, opt: torch.optim.Optimizer, sched: Any, scaler: Any, *,
+                       step: int, total_steps: int, reader: dict[str, Any], rngs: list[dict[str, Any]],
+                       world_size: int, global_batch: int, cfg: TrainConfig, best_val: float | None,
+                       sessions: tuple[list[str], list[str]], data: dict[str, Any]) -> dict[str, Any]:
+    """Everything a resumed run (and `train eval`) needs, as one picklable dict.
+    model.checkpoint_bytes() sizes exactly this layout."""
+    return {
+        "format": CHECKPOINT_FORMAT, "version": 1,
+        "step": step, "epoch": int(reader["epoch"]), "total_steps": total_steps,
+        "reader": reader,
+        "model": model.state_dict(), "ema": ema.state_dict(),
+        "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
+        "rng": rngs, "world_size": world_size, "global_batch": global_batch,
+        "model_config": model.cfg, "train_config": dataclasses.asdict(cfg), "normaliser": model.normaliser(),
+        "best_val": best_val, "train_sessions": sessions[0], "val_sessions": sessions[1],
+        "data": data,
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
+    """torch.save into a temp file in the same directory, fsync, rename: a kill
+    mid-write leaves the previous file untouched (and a temp that the next run removes).
+    A full disk or quota is a one-line QuotaError naming the file."""
+    try:
+        with atomic_open(path, "wb") as f:
+            torch.save(dict(state), f)
+    except (OSError, RuntimeError) as e:
+        os_err = _os_error_in(e)
+        if os_err is None:  # not an I/O failure: a bug, keep the traceback
+            raise
+        if os_err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise QuotaError(f"cannot write checkpoint {path}: {os_err.strerror}; the previous checkpoint is intact. "
+                             "Free space, lower [train] keep, or use a smaller model") from None
+        raise ShardshipError(f"cannot write checkpoint {path}: {os_err}; the previous checkpoint is intact") from None
+
+
+def _os_error_in(e: BaseException | None) -> OSError | None:
+    """The OSError behind `e` (torch's zip writer turns a failed write into a
+    RuntimeError whose context is the OSError)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at `path`; a foreign or damaged file is a one-line error."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a foreign or damaged file: say which and what to do
+        raise ShardshipError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e}); "
+                             "move it away to start over") from None
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise ShardshipError(f"{path}: not a shardship checkpoint")
+    return ck
+
+
+def link_atomic(src: Path, dst: Path) -> None:
+    """dst <- src without copying data (hard link + rename); copy if links are unsupported."""
+    tmp = dst.with_name(f".{dst.name}.link.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        write_bytes(dst, src.read_bytes())
+
+
+def periodic_checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the step_N.pt files in `out`, oldest first."""
+    found = []
+    for p in out.glob("step_*.pt"):
+        m = STEP_RE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def write_checkpoint(state: Mapping[str, Any], out: Path, kind: str, keep: int) -> None:
+    """Write `state` as a 'best' (best.pt) or 'periodic' checkpoint. Periodic with
+    keep > 0: step_N.pt, last.pt linked to it, then the step files beyond the newest
+    `keep` removed (new before old: a kill in between leaves one too many, never
+    none); keep = 0: last.pt alone."""
+    if kind == "best":
+        save_checkpoint(state, out / "best.pt")
+    elif keep > 0:
+        p = out / f"step_{state['step']}.pt"
+        save_checkpoint(state, p)
+        link_atomic(p, out / "last.pt")
+        for _, old in periodic_checkpoints(out)[:-keep]:
+            old.unlink(missing_ok=True)
+    else:
+        save_checkpoint(state, out / "last.pt")

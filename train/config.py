@@ -1,0 +1,185 @@
+"""The [train] schema: `TrainConfig` (loop settings) and the model keys it may
+carry (`DEFAULTS`, `PRESETS`, `model_config`), with their parsing and validation.
+
+Torch-free on purpose: `packer budget` and the pre-submit job checks
+(train.jobs.spec) read a [train] section with the trainer's own defaults and
+rules on machines that have no torch, so the schema cannot live next to the
+code that trains. train.model and train.trainer import it from here."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardship.errors import ShardshipError
+
+# ------------------------------------------------------------------ [train.model]
+DEFAULTS: dict[str, Any] = {
+    "preset": "small",  # a named starting point (PRESETS), the other keys override it
+    # data-derived (index.json); callers pass the real values
+    "image_size": 224,
+    "action_dim": 13,  # 3 pos + 6 rot6d + 4 joints
+    "proprio_dim": 4,
+    "horizon": 16,
+    # model
+    "obs_size": 96,  # images are resized to obs_size x obs_size before the encoder
+    "enc_channels": [32, 64, 128, 256],
+    "embed_dim": 256,
+    "proprio_embed": 64,
+    "time_embed": 128,
+    "unet_dims": [64, 128, 256],
+    "kernel_size": 5,
+    "groups": 8,
+    "diffusion_steps": 100,
+    "ddim_steps": 10,
+    "prediction": "epsilon",  # what the denoiser predicts: "epsilon" (noise) or "sample" (clean chunk)
+    "clip_sample": 5.0,  # clamp predicted x0 (z-scored units) while sampling
+    "aug_shift": 4,  # random-shift augmentation (pixels at obs_size) while training
+}
+MODEL_KEYS = frozenset(DEFAULTS)
+
+# Named sizes. "small" (the defaults, ~6.8M parameters, ~110 MB per checkpoint)
+# suits a 10 GB home quota; "tiny" trains on a laptop CPU in minutes (the demo);
+# "base" is closer to the published diffusion-policy U-Net (~20M parameters).
+PRESETS: dict[str, dict[str, Any]] = {
+    # tiny predicts the clean chunk: with few steps an epsilon model's DDIM samples
+    # still run into the clip range, a sample model's stay near the data
+    "tiny": {"obs_size": 48, "enc_channels": [16, 32, 64], "embed_dim": 64, "proprio_embed": 16, "time_embed": 32,
+             "unet_dims": [32, 64, 128], "diffusion_steps": 50, "ddim_steps": 8, "prediction": "sample"},
+    "small": {},
+    "base": {"unet_dims": [128, 256, 512]},
+}
+
+
+def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """DEFAULTS, then the named preset, then the model keys of `cfg` (other keys,
+    e.g. the rest of a [train] section, are ignored), of its `model` sub-table,
+    and `overrides`."""
+    cfg = dict(cfg or {})
+    nested: Mapping[str, Any] = cfg["model"] if isinstance(cfg.get("model"), Mapping) else {}  # [train.model] table
+    preset = overrides.get("preset") or nested.get("preset") or cfg.get("preset") or DEFAULTS["preset"]
+    if preset not in PRESETS:
+        raise ShardshipError(f"model preset {preset!r} unknown (known: {', '.join(PRESETS)})")
+    base = {**DEFAULTS, **PRESETS[preset]}
+    out: dict[str, Any] = {k: (list(v) if isinstance(v, list) else v) for k, v in base.items()}
+    out["preset"] = preset
+    for src in cfg, nested, overrides:
+        for k, v in src.items():
+            if k in MODEL_KEYS and v is not None:
+                out[k] = list(v) if isinstance(v, (list, tuple)) else v
+    for k in ("image_size", "action_dim", "proprio_dim", "horizon", "obs_size", "embed_dim", "proprio_embed",
+              "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift"):
+        out[k] = int(out[k])
+    out["clip_sample"] = float(out["clip_sample"])
+    if out["prediction"] not in ("epsilon", "sample"):
+        raise ShardshipError(f"model config: prediction must be epsilon or sample (got {out['prediction']!r})")
+    if out["action_dim"] < 1 or out["horizon"] < 1 or out["proprio_dim"] < 0:
+        raise ShardshipError(f"model config: action_dim/horizon must be >= 1, proprio_dim >= 0 "
+                             f"(got {out['action_dim']}, {out['horizon']}, {out['proprio_dim']})")
+    if not out["enc_channels"] or not out["unet_dims"]:
+        raise ShardshipError("model config: enc_channels and unet_dims must not be empty")
+    if out["kernel_size"] % 2 == 0:
+        raise ShardshipError(f"model config: kernel_size must be odd (got {out['kernel_size']})")
+    return out
+
+
+# ------------------------------------------------------------------ [train]
+@dataclass
+class TrainConfig:
+    """[train] in shardship.toml; CLI flags override. Model keys (obs_size,
+    enc_channels, unet_dims, ...) may sit here or in a [train.model] table."""
+
+    batch_size: int = 32  # per rank
+    num_workers: int = 2  # DataLoader workers per rank
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    weight_decay: float = 1e-4
+    warmup: int = 200  # steps
+    steps: int | None = None  # total optimizer steps (schedule length); default: epochs
+    epochs: int = 100
+    checkpoint_every: int = 500
+    keep: int = 2  # periodic step_N.pt files kept
+    val_every: int = 500
+    val_fraction: float = 0.1
+    val_sessions: list[str] = field(default_factory=list)
+    ema_decay: float = 0.999
+    grad_clip: float = 1.0
+    seed: int = 0
+    window: int = 8  # shards shuffled together
+    log_every: int = 10
+    amp: bool = True
+    device: str = "auto"  # auto | cuda | cpu
+    time_limit: str | None = None  # "HH:MM:SS" or seconds: checkpoint and stop before it
+    log_samples: bool = False  # per-rank samples/rankN.jsonl (which samples each step used)
+    model: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "[train]") -> TrainConfig:
+        """Parse a [train] table. A misspelt key is an error naming `where` and the
+        known keys: silently ignoring it would train with a default nobody chose."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = {}
+        model: dict[str, Any] = dict(d.get("model") or {})
+        for k, v in d.items():
+            if k == "model":
+                continue
+            if k in names:
+                kw[k] = v
+            elif k in MODEL_KEYS:
+                model[k] = v
+            else:
+                known = ", ".join(sorted(names | MODEL_KEYS))
+                raise ShardshipError(f"{where}: unknown key {k!r} (known: {known})")
+        bad = [k for k in model if k not in MODEL_KEYS]
+        if bad:
+            raise ShardshipError(f"{where} model: unknown key(s) {', '.join(bad)} "
+                                 f"(known: {', '.join(sorted(MODEL_KEYS))})")
+        cfg = cls(**kw, model=model)
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "[train]") -> None:
+        """Reject values the loop cannot run with, before any rank starts: a bad
+        value found mid-run would cost a queued job."""
+        for k in ("batch_size", "checkpoint_every", "log_every", "epochs"):
+            if int(getattr(self, k)) < 1:
+                raise ShardshipError(f"{where}: {k} must be >= 1 (got {getattr(self, k)})")
+        for k in ("num_workers", "keep", "warmup", "val_every", "window"):
+            if int(getattr(self, k)) < 0:
+                raise ShardshipError(f"{where}: {k} must be >= 0 (got {getattr(self, k)})")
+        if self.steps is not None and int(self.steps) < 1:
+            raise ShardshipError(f"{where}: steps must be >= 1 (got {self.steps})")
+        if not 0 <= float(self.ema_decay) < 1:
+            raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ShardshipError(f"{where}: device must be auto, cuda or cpu (got {self.device!r})")
+        parse_duration(self.time_limit)
+
+    def merged(self, **overrides: Any) -> TrainConfig:
+        """A copy with the non-None overrides (CLI flags) applied."""
+        d = dataclasses.asdict(self)
+        d.update({k: v for k, v in overrides.items() if v is not None})
+        out = TrainConfig(**d)
+        out.validate("command line")
+        return out
+
+
+def parse_duration(text: str | int | float | None) -> float | None:
+    """'HH:MM:SS' (hours may exceed 24), 'D-HH:MM:SS' (SLURM), 'MM:SS' or seconds -> seconds."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, (int, float)):
+        return float(text)
+    days, dash, rest = str(text).strip().rpartition("-")
+    try:
+        parts = [float(p) for p in rest.split(":")]
+        secs = float(days) * 86400 if days else 0.0
+    except ValueError:
+        raise ShardshipError(f"time_limit {text!r}: use HH:MM:SS or seconds") from None
+    if len(parts) > 3 or (dash and (not days or len(parts) != 3)) or any(p < 0 for p in parts):
+        raise ShardshipError(f"time_limit {text!r}: use HH:MM:SS or seconds")
+    acc = 0.0
+    for p in parts:
+        acc = acc * 60 + p
+    return secs + acc

@@ -1,0 +1,114 @@
+"""The process around a training step: random streams (seeded, saved and restored
+for exact resume), mixed precision, batches onto the device, and the signals a
+scheduler sends before the wall clock."""
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import Generator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardship.errors import ShardshipError
+from train.data.dataset import unwrap_worker_error
+
+BATCH_KEYS = ("image", "proprio", "action", "action_mask", "weight", "joints_valid")
+
+
+# ------------------------------------------------------------------ random streams
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This rank's random streams (torch, numpy, python, CUDA): a checkpoint holds
+    every rank's, so a resumed run draws the same noise and augmentations."""
+    st: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        st["cuda"] = torch.cuda.get_rng_state(device)
+    return st
+
+
+def set_rng_state(st: Mapping[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(st["torch"])
+    np.random.set_state(st["numpy"])
+    random.setstate(st["python"])
+    if device.type == "cuda" and "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"], device)
+
+
+# ------------------------------------------------------------------ device and precision
+def configure_device(device: torch.device) -> None:
+    """TF32 matmuls and cuDNN autotuning on GPUs: free speed for this model."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+
+
+def amp_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
+    """bf16 on GPUs that support it, fp16 (with loss scaling) on older ones, none on CPU."""
+    if not enabled or device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> torch.autocast:
+    """Autocast to `dtype` (from amp_dtype); a no-op context when it is None."""
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def make_scaler(enabled: bool) -> Any:
+    """A GradScaler (only fp16 needs one: a disabled scaler passes through)."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)  # torch < 2.3
+
+
+def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The model's inputs of a reader batch on `device` (bookkeeping keys stay behind)."""
+    nb = device.type == "cuda"
+    return {k: batch[k].to(device, non_blocking=nb) for k in BATCH_KEYS if k in batch}
+
+
+def batches(loader: Any) -> Generator[dict[str, torch.Tensor], None, None]:
+    """The loader's batches; a DataLoader worker's error comes out as the original
+    one-line error rather than torch's wrapped traceback. Closing the generator
+    shuts the loader's workers down."""
+    it = iter(loader)
+    while True:
+        try:
+            yield next(it)
+        except StopIteration:
+            return
+        except ShardshipError as e:
+            raise unwrap_worker_error(e) from None
+
+
+# ------------------------------------------------------------------ stop signals
+class StopFlag:
+    """SIGTERM / SIGUSR1 (scheduler warnings before the wall clock) -> finish the
+    step, checkpoint, exit 0. The flag is all-reduced so all ranks stop together."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if sig is not None:
+                try:
+                    self._old[sig] = signal.signal(sig, self._handle)
+                except ValueError:  # not the main thread (train() called from a library)
+                    pass
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.reason = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)

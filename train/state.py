@@ -1,0 +1,192 @@
+"""What the training loop runs on: one rank's `RunState`, built from the data and
+the config (`setup_run`), continued from a checkpoint (`resume_run`), written
+back as one (`RunState.save`).
+
+Kept apart from train.trainer so the loop reads in one sitting; the order of
+the setup steps matters for exact resume (seeding before the model is built,
+the checkpoint's random streams restored after), so it lives in these few
+functions only."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from shardship.errors import ShardshipError
+from train import ddp
+from train.checkpoint import checkpoint_payload, load_checkpoint, write_checkpoint
+from train.config import TrainConfig, parse_duration
+from train.data import ShardDataset, load_index, split_sessions, verify_shards
+from train.data.index import ShardIndex
+from train.metrics import METRICS, open_metrics, open_samples_log, truncate_jsonl
+from train.model import DiffusionPolicy, model_config
+from train.optim import EMA, make_optimizer
+from train.runtime import amp_dtype, make_scaler, rng_state, seed_everything, set_rng_state
+
+
+@dataclass
+class RunResult:
+    step: int
+    total_steps: int
+    epoch: int
+    best_val: float | None
+    out: Path
+    stopped: str | None  # reason for an early stop, None when the run reached its end
+    resumed_from: int | None
+
+
+def build_model(index: ShardIndex, cfg: TrainConfig) -> tuple[DiffusionPolicy, dict[str, Any]]:
+    """The policy for this data's shapes, its normaliser set from index.json's stats."""
+    mcfg = model_config(cfg.model, action_dim=index.action_dim, proprio_dim=index.proprio_dim,
+                        horizon=index.horizon, image_size=index.image_size[0])
+    model = DiffusionPolicy(mcfg)
+    model.set_normaliser(index.stats)
+    return model, mcfg
+
+
+@dataclass(eq=False)
+class RunState:
+    """One rank's run: what setup builds and the step, validation and checkpoint
+    code share. `step`, `best_val` and the reader position change as it trains."""
+
+    d: ddp.Dist
+    cfg: TrainConfig
+    data: Path
+    out: Path
+    t_start: float  # time.monotonic() at the start, for the time limit
+    time_limit: float | None  # seconds
+    index: ShardIndex
+    sessions: tuple[list[str], list[str]]  # (train, validation) session names
+    train_ix: ShardIndex
+    val_ix: ShardIndex | None
+    train_ds: ShardDataset
+    steps_per_epoch: int
+    total_steps: int
+    model: DiffusionPolicy
+    mcfg: dict[str, Any]
+    ema: EMA[DiffusionPolicy]
+    opt: torch.optim.AdamW
+    dtype: torch.dtype | None  # autocast dtype; None: full precision
+    scaler: Any
+    net: torch.nn.Module  # the model, or its DDP wrapper
+    sched: Any = None  # LambdaLR, built once the resumed step is known
+    step: int = 0
+    best_val: float | None = None
+    resumed_from: int | None = None
+    metrics: IO[str] | None = None  # metrics.jsonl, rank 0 only
+    samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
+
+    @property
+    def device(self) -> torch.device:
+        return self.d.device
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.batch_size * self.d.world_size
+
+    def log(self, rec: dict[str, Any]) -> None:
+        """One metrics.jsonl line (a no-op on ranks other than 0)."""
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(rec) + "\n")
+
+    def result(self, stopped: str | None) -> RunResult:
+        return RunResult(step=self.step, total_steps=self.total_steps, epoch=self.train_ds.epoch,
+                         best_val=self.best_val, out=self.out, stopped=stopped, resumed_from=self.resumed_from)
+
+    def save(self, kind: str) -> None:
+        """kind: 'periodic' (step_N + last) or 'best'. A collective (every rank's RNG
+        state is gathered): all ranks call it on the same step; rank 0 writes."""
+        rngs = self.d.all_gather_object(rng_state(self.device))
+        if not self.d.is_main:
+            return
+        state = checkpoint_payload(
+            self.model, self.ema, self.opt, self.sched, self.scaler, step=self.step, total_steps=self.total_steps,
+            reader=self.train_ds.state_dict(), rngs=rngs, world_size=self.d.world_size,
+            global_batch=self.global_batch, cfg=self.cfg, best_val=self.best_val, sessions=self.sessions,
+            data={"root": str(self.data), "fingerprint": self.index.fingerprint(),
+                  "pose_metric": self.index.pose_metric})
+        write_checkpoint(state, self.out, kind, self.cfg.keep)
+        self.log({"step": self.step, "event": f"checkpoint:{kind}"})
+
+
+def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bool, t_start: float) -> RunState:
+    """Data (index, shard check, session split, reader), then model, EMA, optimizer
+    and AMP. Shards are checked here, before DataLoader workers fork: they inherit
+    the result."""
+    index = load_index(data)
+    verify_shards(index, progress=progress and d.is_main)
+    train_names, val_names = split_sessions(index.sessions_present(), float(cfg.val_fraction), int(cfg.seed),
+                                            cfg.val_sessions or None)
+    train_ix = index.select_sessions(train_names)
+    val_ix = index.select_sessions(val_names) if val_names else None
+    train_ds = ShardDataset(train_ix, cfg.batch_size, d.rank, d.world_size, seed=int(cfg.seed), window=cfg.window,
+                            tail="drop")
+    spe = train_ds.steps_per_epoch()
+    if spe < 1:
+        raise ShardshipError(f"{data}: the training sessions hold {train_ix.n_samples} samples, fewer than one global "
+                             f"batch ({cfg.batch_size} x {d.world_size} ranks): lower batch_size")
+    total_steps = int(cfg.steps) if cfg.steps else int(cfg.epochs) * spe
+
+    seed_everything(int(cfg.seed) + d.rank)
+    model, mcfg = build_model(index, cfg)
+    model.to(d.device)
+    ema = EMA(model, cfg.ema_decay)
+    opt = make_optimizer(model, cfg, d.device)
+    dtype = amp_dtype(d.device, cfg.amp)
+    return RunState(d=d, cfg=cfg, data=data, out=out, t_start=t_start, time_limit=parse_duration(cfg.time_limit),
+                    index=index, sessions=(train_names, val_names),
+                    train_ix=train_ix, val_ix=val_ix, train_ds=train_ds, steps_per_epoch=spe, total_steps=total_steps,
+                    model=model, mcfg=mcfg, ema=ema, opt=opt, dtype=dtype, scaler=make_scaler(dtype == torch.float16),
+                    net=model)
+
+
+def resume_run(run: RunState, last: Path) -> None:
+    """Continue from `last`: weights, EMA, optimizer, scaler, step, reader position
+    and every rank's random streams, so the run goes on as if never stopped.
+    (The LR schedule is rebuilt from the config by train.optim.make_scheduler.)"""
+    d, cfg = run.d, run.cfg
+    ck = load_checkpoint(last)
+    if ck["model_config"] != run.mcfg:
+        raise ShardshipError(f"{last} was trained with another model config or data shape; "
+                             "use a new --out, or move it away to start over")
+    run.model.load_state_dict(ck["model"])
+    run.ema.load_state_dict(ck["ema"])
+    run.opt.load_state_dict(ck["optimizer"])
+    run.scaler.load_state_dict(ck["scaler"])
+    run.step, run.best_val, run.resumed_from = int(ck["step"]), ck.get("best_val"), int(ck["step"])
+    if not cfg.steps:
+        run.total_steps = int(ck.get("total_steps", run.total_steps))
+    same_data = run.train_ds.load_state_dict(ck["reader"])
+    rngs = ck.get("rng") or []
+    if len(rngs) == d.world_size:
+        set_rng_state(rngs[d.rank], d.device)
+    else:  # another number of ranks: fresh, distinct, reproducible streams
+        seed_everything(int(cfg.seed) * 1_000_003 + run.step * 101 + d.rank)
+    if d.is_main:
+        note = "" if same_data else " (the data changed since: this epoch starts over)"
+        tqdm.write(f"resuming from {last} at step {run.step}, epoch {run.train_ds.epoch}, "
+                   f"{run.train_ds.consumed}/{run.train_ix.n_samples} samples into the epoch{note}")
+        truncate_jsonl(run.out / METRICS, run.step)
+
+
+def open_logs(run: RunState) -> None:
+    """The samples log, the DDP wrapper, metrics.jsonl: what only a run that will
+    take steps needs (a run already at its target leaves its files alone)."""
+    d = run.d
+    if run.cfg.log_samples:
+        run.samples = open_samples_log(run.out, d.rank, d.world_size, run.resumed_from)
+    if d.distributed:
+        run.net = DistributedDataParallel(run.model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+                                          broadcast_buffers=False)  # buffers (normaliser, schedule) never change
+    run.metrics = open_metrics(run.out, d.is_main, resumed=run.resumed_from is not None)
+
+
+def close_logs(run: RunState) -> None:
+    for f in (run.samples, run.metrics):
+        if f is not None:
+            f.close()

@@ -167,6 +167,28 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     sys.exit(Exit.PARTIAL if r.failed else Exit.OK)
 
 
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
+@click.option("--quick", is_flag=True, help="Sizes only, no sha256.")
+@CONFIG_OPT
+@friendly_errors
+def verify(out: str | None, quick: bool, config_path: str | None) -> None:
+    """Check the packed directory against index.json: every shard (and .tar.zst)
+    there with its size and sha256, no stray shards. Exit 1 listing each bad file."""
+    from packer.outdir import verify as do_verify
+
+    out_dir = Path(out) if out else _cfg(config_path).packed
+    problems = do_verify(out_dir, quick=quick)
+    for p in problems:
+        click.echo(f"BAD   {out_dir / p.name}: {p.detail}", err=True)
+    if problems:
+        click.echo(f"{len(problems)} file(s) in {out_dir} differ from index.json: run `packer pack` (it rewrites "
+                   "damaged or missing shards and removes stray ones), then `transfer upload`", err=True)
+        sys.exit(Exit.PARTIAL)
+    click.echo(f"ok: every file index.json names is in {out_dir}" + (" with its size" if quick else
+                                                                      ", size and sha256 match"))
+
+
 def _slam_stage(cfg: Config, quiet: bool):
     """Metric poses for every session before packing (parallel, cached: a session
     whose inputs did not change costs a fingerprint). ARKit sessions are skipped."""

@@ -7,7 +7,6 @@ run resumes at the first unfinished session and an unchanged session (same
 fingerprint) is never re-encoded."""
 from __future__ import annotations
 
-import errno
 import json
 import multiprocessing as mp
 import os
@@ -24,6 +23,7 @@ from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
 from packer.imageops import ResizeSpec, process_frame
 from packer.intake import extract_all
+from packer.outdir import Publisher, disk_error, file_ok, locked, remember, shards_ok
 from packer.samples import SessionPlan, kept_frames, plan_session
 from packer.session import (
     Session,
@@ -32,12 +32,11 @@ from packer.session import (
 )
 from shardship.atomic import remove_stale_temps
 from shardship.config import PackOptions
-from shardship.errors import SessionError, ShardshipError
+from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.format import index as manifest
 from shardship.format.shards import ShardWriter
 from shardship.pil import cache_image_buffers
 from shardship.pil import describe as pil_describe
-from shardship.units import human
 
 
 @dataclass
@@ -83,25 +82,11 @@ def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes:
     }
 
 
-def _shards_intact(out: Path, entry: dict[str, Any] | None, index: dict[str, Any]) -> bool:
-    if not entry:
-        return False
-    by_name = {s["name"]: s for s in index["shards"]}
-    for name in entry["shards"]:
-        sh = by_name.get(name)
-        p = out / name
-        if sh is None or not p.exists() or p.stat().st_size != sh["bytes"]:
-            return False
-    return True
-
-
-def _drop_session(index: dict[str, Any], out: Path, name: str, delete_files: bool) -> None:
+def _drop_session(index: dict[str, Any], name: str) -> None:
+    """Forget a session in the document; its files go at the next save (Publisher)."""
     entry = index["sessions"].pop(name, None)
     names = set(entry["shards"]) if entry else set()
     index["shards"] = [s for s in index["shards"] if s["name"] not in names]
-    if delete_files:
-        for n in names:
-            (out / n).unlink(missing_ok=True)
 
 
 def _merged(entries: Iterable[dict[str, Any]], key: str) -> RunningStats | None:
@@ -150,7 +135,8 @@ def pack(
     prepare: Callable[[list[Session]], dict[str, str]] | None = None,
 ) -> PackReport:
     """Pack every valid session under `raw` into `out`. Raises only for problems that
-    stop everything (unusable out dir); per-session problems land in report.failed.
+    stop everything (unusable or busy out dir, index.json cannot be saved);
+    per-session problems land in report.failed.
     `prepare` runs once over the valid sessions before packing (the SLAM stage: it
     may rewrite poses.json/metadata.json) and returns {session: reason} refusals."""
     opts = opts or PackOptions()
@@ -159,11 +145,17 @@ def pack(
     if not 1 <= opts.quality <= 100:
         raise ShardshipError(f"--quality {opts.quality}: use 1..100")
     raw, out = Path(raw), Path(out)
-    t0 = time.perf_counter()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ShardshipError(f"cannot create output directory {out}: {e.strerror}") from None
+    with locked(out) as lock_fd:
+        return _pack_locked(raw, out, opts, progress, prepare, lock_fd)
+
+
+def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
+                 prepare: Callable[[list[Session]], dict[str, str]] | None, lock_fd: int) -> PackReport:
+    t0 = time.perf_counter()
     remove_stale_temps(out)
     pil = pil_describe()
     report = PackReport(out=out, pil=pil)
@@ -171,6 +163,7 @@ def pack(
     # Changed options change every session's signature and fingerprint, so all are re-packed.
     index = manifest.load(out, required=False) or manifest.empty(options, pil)
     index["options"], index["pil"], index["failed"] = options, pil, {}
+    pub = Publisher(out, index, _finalise_stats)
 
     unzipped, bad_zips = extract_all(raw)
     report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
@@ -184,10 +177,11 @@ def pack(
         ok = [s.path for s in sessions if s.name not in report.failed]
         sessions = load_valid_sessions(ok, report.failed, check_images=False)
     present = {p.name for p in paths}
-    for name in list(index["sessions"]):
-        if name not in present:
-            _drop_session(index, out, name, delete_files=True)
-            report.removed.append(name)
+    report.removed = [name for name in index["sessions"] if name not in present]
+    for name in report.removed:
+        _drop_session(index, name)
+    if report.removed:
+        _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
     todo: list[SessionPlan] = []
     for s in sessions:
@@ -195,7 +189,7 @@ def pack(
             keep = kept_frames(s, opts)
             sig = stat_signature(s, keep, options, manifest.VERSION)
             entry = index["sessions"].get(s.name)
-            if _shards_intact(out, entry, index) and entry is not None and (
+            if shards_ok(out, entry, index, pub.stats) and entry is not None and (
                     entry.get("stat_signature") == sig
                     or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
                 entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
@@ -210,41 +204,50 @@ def pack(
     total_frames = sum(len(p.keep) for p in todo)
     if todo:
         t_enc = time.perf_counter()
-        _encode_all(todo, out, opts, index, report, total_frames, progress)
+        _encode_all(todo, pub, opts, report, total_frames, progress, lock_fd)
         report.encode_seconds = time.perf_counter() - t_enc
 
     index["failed"] = dict(report.failed)
-    _apply_compression(out, index, opts.compress)
-    _finalise_stats(index)
-    manifest.save(out, index)
+    _apply_compression(pub, opts.compress)
+    _save(pub)
     report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
     report.packed_bytes = sum(s["bytes"] for s in index["shards"])
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _apply_compression(out: Path, index: dict[str, Any], mode: str) -> None:
-    """Probe once, then keep every shard's optional .tar.zst in step with its .tar."""
+def _save(pub: Publisher) -> None:
+    """A save outside a session's own: failing to write index.json stops the run
+    with one line (exit 1); the index.json on disk is the previous, complete one."""
+    try:
+        pub.save()
+    except OSError as e:
+        raise ShardshipError(disk_error(e, pub.out, "index.json"), Exit.PARTIAL) from None
+
+
+def _apply_compression(pub: Publisher, mode: str) -> None:
+    """Probe once, then keep every shard's optional .tar.zst in step with its .tar
+    (a damaged or missing one is written again). Unused .tar.zst files are removed
+    by the next save, once index.json no longer names them."""
     from packer.compress import compress_shard, decide
 
+    out, index = pub.out, pub.index
     first = out / index["shards"][0]["name"] if index["shards"] else None
     use, ratio = decide(mode, first)
     index["compression"] = {"mode": mode, "probe_ratio": ratio, "used": use}
     try:
         for sh in index["shards"]:
-            zst = out / (sh["name"] + ".zst")
             if use:
                 c = sh.get("compressed")
-                if not c or not zst.exists() or zst.stat().st_size != c["bytes"]:
+                if not c or not file_ok(out, c, pub.stats):
                     sh["compressed"] = compress_shard(out / sh["name"])
+                    remember(out, pub.stats, [sh["compressed"]["name"]])
             else:
                 sh["compressed"] = None
-                zst.unlink(missing_ok=True)
     except OSError as e:  # e.g. disk full: the plain .tar shards are complete, ship those
         for sh in index["shards"]:
             sh["compressed"] = None
-            (out / (sh["name"] + ".zst")).unlink(missing_ok=True)
-        index["compression"].update(used=False, error=_disk_error(e, out))
+        index["compression"].update(used=False, error=disk_error(e, out))
 
 
 def _tasks(plans: Iterable[SessionPlan], spec: ResizeSpec):
@@ -253,8 +256,17 @@ def _tasks(plans: Iterable[SessionPlan], spec: ResizeSpec):
             yield (str(plan.session.frame_paths[i]), spec)
 
 
-def _encode_all(todo: list[SessionPlan], out: Path, opts: PackOptions, index: dict[str, Any],
-                report: PackReport, total: int, progress: bool) -> None:
+def _worker_init(lock_fd: int) -> None:
+    """A forked worker drops its copy of the out dir lock: only the pack holds it."""
+    try:
+        os.close(lock_fd)
+    except OSError:
+        pass
+    cache_image_buffers()
+
+
+def _encode_all(todo: list[SessionPlan], pub: Publisher, opts: PackOptions, report: PackReport, total: int,
+                progress: bool, lock_fd: int) -> None:
     spec = ResizeSpec(opts.size, opts.crop, opts.quality)
     workers = opts.workers or os.cpu_count() or 1
     # fork starts a pool in ~20 ms where spawn takes ~0.5 s (measured here); the
@@ -262,11 +274,11 @@ def _encode_all(todo: list[SessionPlan], out: Path, opts: PackOptions, index: di
     # they could trip on. Platforms without fork use spawn.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
-    pool = ctx.Pool(workers, initializer=cache_image_buffers)
+    pool = ctx.Pool(workers, initializer=_worker_init, initargs=(lock_fd,))
     try:
         results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
         for plan in todo:
-            _encode_session(plan, results, out, opts, index, report, bar)
+            _encode_session(plan, results, pub, opts, report, bar)
     except BaseException:
         pool.terminate()
         raise
@@ -277,11 +289,11 @@ def _encode_all(todo: list[SessionPlan], out: Path, opts: PackOptions, index: di
         bar.close()
 
 
-def _encode_session(plan: SessionPlan, results, out: Path, opts: PackOptions, index: dict[str, Any],
-                    report: PackReport, bar) -> None:
+def _encode_session(plan: SessionPlan, results, pub: Publisher, opts: PackOptions, report: PackReport,
+                    bar) -> None:
     """Consume exactly this session's results (even after a failure, to stay in step
     with the ordered result stream), write its shards, then publish it."""
-    s = plan.session
+    s, out = plan.session, pub.out
     writer = ShardWriter(out, s.name, opts.shard_bytes)
     error: str | None = None
     digests: list[bytes] = []
@@ -302,30 +314,9 @@ def _encode_session(plan: SessionPlan, results, out: Path, opts: PackOptions, in
                 writer.add(key, jpg, json.dumps(meta, separators=(",", ":")).encode(), meta["action"] is not None)
             except OSError as e:
                 writer.abort()
-                error = _disk_error(e, out)
+                error = disk_error(e, out)
         if error is None:
-            try:
-                # Un-publish the old version first: the manifest must never name a
-                # shard file whose bytes are about to change.
-                if s.name in index["sessions"]:
-                    _drop_session(index, out, s.name, delete_files=False)
-                    manifest.save(out, index)
-                shards = writer.commit()
-                index["shards"].extend(x.to_json() for x in shards)
-                fp = content_fingerprint(s, plan.keep, index["options"], manifest.VERSION, digests)
-                index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
-                manifest.save(out, index)
-                current = {x.name for x in shards}
-                for stale in out.glob(f"{writer.prefix}-*.tar"):
-                    if stale.name not in current:
-                        stale.unlink(missing_ok=True)
-                report.packed.append(s.name)
-                report.images += len(plan.keep)
-                if s.warnings:
-                    report.warnings[s.name] = list(s.warnings)
-            except OSError as e:
-                writer.abort()
-                error = _disk_error(e, out)
+            error = _publish_session(plan, writer, pub, digests, report)
     except BaseException:
         writer.abort()
         raise
@@ -333,17 +324,38 @@ def _encode_session(plan: SessionPlan, results, out: Path, opts: PackOptions, in
         report.failed[s.name] = error
 
 
-def _disk_error(e: OSError, out: Path) -> str:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = _free_bytes(out)
-        return (f"{out}: disk full while writing shards ({human(free)} free); the partial shard was removed "
-                "and finished sessions are kept: free space or pass --out on a larger disk, then re-run")
-    return f"{out}: {e.strerror or e}"
-
-
-def _free_bytes(path: Path) -> int:
+def _publish_session(plan: SessionPlan, writer: ShardWriter, pub: Publisher, digests: list[bytes],
+                     report: PackReport) -> str | None:
+    """Rename the session's shards into place and save index.json naming them; on a
+    full disk (or any write error) undo to the index.json on disk and say why."""
+    s, out, index = plan.session, pub.out, pub.index
     try:
-        st = os.statvfs(path)
-        return st.f_bavail * st.f_frsize
-    except OSError:
-        return 0
+        # Un-publish the old version first: the manifest must never name a
+        # shard file whose bytes are about to change.
+        if s.name in index["sessions"]:
+            _drop_session(index, s.name)
+            pub.save()
+    except OSError as e:
+        writer.abort()
+        return disk_error(e, out, "index.json")
+    try:
+        shards = writer.commit()
+    except OSError as e:
+        writer.abort()
+        pub.discard({x.name for x in writer.done})
+        return disk_error(e, out)
+    index["shards"].extend(x.to_json() for x in shards)
+    fp = content_fingerprint(s, plan.keep, index["options"], manifest.VERSION, digests)
+    index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
+    remember(out, pub.stats, [x.name for x in shards])
+    try:
+        pub.save()
+    except OSError as e:  # index.json not written: these shards are unnamed, take them away again
+        _drop_session(index, s.name)
+        pub.discard({x.name for x in shards})
+        return disk_error(e, out, "index.json")
+    report.packed.append(s.name)
+    report.images += len(plan.keep)
+    if s.warnings:
+        report.warnings[s.name] = list(s.warnings)
+    return None

@@ -1,4 +1,4 @@
-"""`packer`: check, synth, slam, pack, budget. Each command parses its options,
+"""`packer`: check, synth, slam, pack, verify, budget. Each command parses its options,
 calls the module that does the work, prints its summary and exits with a code
 from shardship.errors.Exit."""
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
       packer synth --out data/raw --sessions 3     # demo data (or copy real sessions there)
       packer check                                 # validate every session, say what is wrong
       packer pack                                  # poses + shards into data/packed
+      packer verify                                # shards on disk == index.json?
       packer budget                                # will it fit the cluster quota?
     """
 

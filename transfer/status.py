@@ -2,7 +2,7 @@
 
 Cheap by default (one listing + the remote bookkeeping file: a shard counts as
 verified when the sha256 recorded at upload still matches the local index and
-the file's size/mtime are unchanged). `verify=True` re-hashes every remote
+the file's signature, size/mtime/ctime/inode (transfer.signature), is unchanged). `verify=True` re-hashes every remote
 shard on the remote instead.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, 
 from transfer.preflight import read_state
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote
+from transfer.signature import signatures, trusted
 
 
 @dataclass
@@ -80,6 +81,7 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
     state = read_state(remote) if REMOTE_STATE in listing else {}
     names = [s.name for s in shards if s.name in listing and not listing[s.name].is_dir]
     fresh = sha256_many(remote, names) if (verify and names) else {}
+    sigs = signatures(remote) if (state and names and not verify) else {}
     for s in shards:
         st = listing.get(s.name)
         have_local = local_file(out_dir, s.ref) is not None or (
@@ -92,9 +94,7 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
         if verify:
             ok = fresh.get(remote.path(s.name)) == s.sha256
         else:
-            known = state.get(s.name, {})
-            ok = (known.get("sha256") == s.sha256 and known.get("size") == st.size
-                  and known.get("mtime") == int(st.mtime))
+            ok = trusted(state.get(s.name), sigs.get(s.name), s.sha256)
         report.shards.append(ShardStatus(s.name, s.bytes, have_local, st.size, ok))
     local_names = {s.name for s in shards} | {s.compressed.name for s in shards if s.compressed}
     report.remote_only = sorted(n for n in listing if n.endswith((".tar", ".tar.zst")) and n not in local_names)

@@ -1,0 +1,162 @@
+"""Faults of `transfer upload` / `status` and the SSH layer, each reproduced against
+the real OpenSSH sshd of tests/sshd.py (real tmpfs quota, real signals), then fixed.
+Numbers are the rows of the fault issue."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from shardship.errors import RemoteError
+from tests.sshd import SSHD, make_packed  # noqa: F401 (fixtures come from conftest)
+from tests.test_transfer_sshd import assert_mirrored, cli, sha, write_config
+from transfer import connect
+from transfer.lock import LOCK, Holder
+from transfer.upload import DiskFullError, upload
+
+pytestmark = pytest.mark.sshd
+
+
+# -- 5: disk full while index.json is written ---------------------------------
+
+
+def test_05_disk_full_writing_index_is_one_line_and_keeps_shards(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    names = [x["name"] for x in index["shards"]]
+
+    def fill_after_last_shard(kind: str, **kw) -> None:
+        if kind == "shard_done" and kw["name"] == names[-1]:
+            st = os.statvfs(s.home)
+            s.fill(st.f_bavail * st.f_frsize)  # nothing left, not even for index.json
+
+    with connect(s.cluster()) as remote:
+        with pytest.raises(DiskFullError) as e:
+            upload(remote, out, progress=False, margin=0, on_event=fill_after_last_shard)
+    msg = str(e.value)
+    assert e.value.code == 1 and "\n" not in msg
+    assert "disk full while writing index.json" in msg and f"kept {len(names)} verified shards" in msg
+    assert "Failure" not in msg and "rerun" in msg
+    d = s.home / "shardship"
+    assert not (d / "index.json").exists() and not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+    for x in index["shards"]:
+        assert sha(d / x["name"]) == x["sha256"]
+
+    (s.home / ".filler").unlink()
+    cfg = write_config(tmp_path, s)
+    p = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress"], s)
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    assert b"0 shards sent" in stdout and b"index.json updated" in stdout
+    assert_mirrored(index, d, out, s.uid)
+
+
+# -- 7: a remote shard rewritten with the same size and its mtime restored ----
+
+
+def test_07_same_size_rewrite_with_mtime_kept_is_caught_and_resent(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    d = s.home / "shardship"
+    cfg = write_config(tmp_path, s)
+    with connect(s.cluster()) as remote:
+        upload(remote, out, progress=False)
+    victim = d / index["shards"][1]["name"]
+    st = victim.stat()
+    with open(victim, "r+b") as f:  # same size, other bytes (a stray `cp` of another pack, a bad disk)
+        f.seek(1000)
+        f.write(b"\xaa" * 4096)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the mtime put back
+    assert victim.stat().st_size == st.st_size and victim.stat().st_mtime_ns == st.st_mtime_ns
+
+    p = cli(["status", "--config", str(cfg), "--out", str(out)], s)
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    line = next(ln for ln in stdout.decode().splitlines() if victim.name in ln)
+    assert "verified" not in line and "differs" in line
+    assert "2/3 shards verified" in stdout.decode()
+
+    # what the train reader tells the user to do now works: a re-upload re-sends that shard
+    p = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress"], s)
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    assert b"1 shard sent and verified" in stdout
+    assert_mirrored(index, d, out, s.uid)
+    p = cli(["status", "--config", str(cfg), "--out", str(out)], s)
+    stdout, _ = p.communicate(timeout=120)
+    assert "3/3 shards verified" in stdout.decode()
+
+
+# -- 10: two uploads to one remote --------------------------------------------
+
+
+def _wait_for(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_10_second_upload_is_refused_naming_the_first(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    cfg = write_config(tmp_path, s)
+    d = s.home / "shardship"
+    first = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--bwlimit", "1M"], s)
+    try:
+        _wait_for(lambda: any(p.name.endswith(".part") for p in d.glob("*")) if d.exists() else False)
+        second = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress"], s)
+        _, err2 = second.communicate(timeout=120)
+    finally:
+        _, err1 = first.communicate(timeout=120)
+    text = err2.decode()
+    assert second.returncode == 4, text
+    assert text.count("\n") == 1 and text.startswith("error: ") and "Traceback" not in text
+    assert f"another upload (host {socket.gethostname()}, pid {first.pid}, since " in text
+    assert f"{d}/{LOCK}" in text and "remove it if that upload is dead" in text
+    assert first.returncode == 0, err1.decode()
+    assert_mirrored(index, d, out, s.uid)
+    assert not (d / LOCK).is_symlink()  # released at the end
+
+
+def test_10_stale_lock_of_a_killed_upload_on_this_host_is_taken_over(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    cfg = write_config(tmp_path, s)
+    d = s.home / "shardship"
+    first = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--bwlimit", "1M"], s)
+    _wait_for(lambda: (d / LOCK).is_symlink() and any(p.name.endswith(".part") for p in d.iterdir()))
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+    assert (d / LOCK).is_symlink()  # left behind by the killed client
+
+    p = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress"], s)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    assert f"stale upload lock of pid {first.pid}" in err.decode()
+    assert_mirrored(index, d, out, s.uid)
+    assert not (d / LOCK).is_symlink()
+
+
+def test_10_lock_of_another_host_is_not_taken(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    make_packed(out)
+    d = s.home / "shardship"
+    d.mkdir()
+    os.chown(d, s.uid, -1)
+    other = Holder("laptop-of-someone-else", 4242, time.time() - 3600)
+    os.symlink(other.text(), d / LOCK)
+    with connect(s.cluster()) as remote:
+        with pytest.raises(RemoteError) as e:
+            upload(remote, out, progress=False)
+    assert e.value.code == 4 and "host laptop-of-someone-else, pid 4242" in str(e.value)
+    assert sorted(p.name for p in d.iterdir()) == [LOCK]  # nothing written, the lock untouched

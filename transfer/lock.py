@@ -53,9 +53,12 @@ class Holder:
         return f"host {self.host}, pid {self.pid}, since {when}"
 
     def dead_here(self) -> bool:
-        """Its process was on this host and is gone (the lock is stale)."""
+        """Its process was on this host and is gone, or is this very process (an earlier upload
+        here lost its connection before releasing): the lock is stale."""
         if self.host != socket.gethostname():
             return False
+        if self.pid == os.getpid():
+            return True
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -93,7 +96,7 @@ class UploadLock:
         if other and holder is not None and holder.dead_here():
             self.remote.sh(_RELEASE, other, self.path)  # only if it is still that stale one
             self.say(f"{self.remote.label}: removed a stale upload lock of pid {holder.pid} "
-                     f"(no longer running on this host)")
+                     f"(no upload running as that pid on this host)")
             other = self._try()
             holder = Holder.parse(other)
         if other:

@@ -3,10 +3,12 @@ the real OpenSSH sshd of tests/sshd.py (real tmpfs quota, real signals), then fi
 Numbers are the rows of the fault issue."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,64 @@ def test_10_lock_of_another_host_is_not_taken(sshd_home: SSHD, tmp_path: Path) -
             upload(remote, out, progress=False)
     assert e.value.code == 4 and "host laptop-of-someone-else, pid 4242" in str(e.value)
     assert sorted(p.name for p in d.iterdir()) == [LOCK]  # nothing written, the lock untouched
+
+
+# -- 18: the server freezes (SIGSTOP) mid-upload --------------------------------
+
+
+@contextlib.contextmanager
+def ssh_config_lines(s: SSHD, lines: str) -> Iterator[None]:
+    """Options for the test alias, read before the fixture's own (ssh keeps the first value)."""
+    before = s.ssh_config.read_text()
+    s.ssh_config.write_text(f"Host {s.alias}\n{lines}\n\n" + before)
+    try:
+        yield
+    finally:
+        s.ssh_config.write_text(before)
+
+
+def test_18_frozen_server_is_detected_by_keepalives(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    names = [x["name"] for x in index["shards"]]
+    stopped: list[int] = []
+
+    def freeze_the_server(kind: str, **kw) -> None:
+        if kind == "shard_start" and kw["name"] == names[1] and not stopped:
+            for pid in s.user_pids():  # the session's sshd child (and its remote helpers)
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+    t0 = time.monotonic()
+    try:
+        with ssh_config_lines(s, "  ServerAliveInterval 1\n  ServerAliveCountMax 2"):
+            with pytest.raises(RemoteError) as e:
+                with connect(s.cluster()) as remote:
+                    upload(remote, out, progress=False, on_event=freeze_the_server)
+    finally:
+        for pid in stopped:  # by pid, the ones stopped here (SIGKILL ends a stopped process too)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert stopped and took < 30, took
+    msg = str(e.value)
+    assert e.value.code == 4 and "stalled" in msg and "rerun to resume" in msg and "\n" not in msg
+    assert "ServerAliveInterval 1" in msg
+
+    with connect(s.cluster()) as remote:
+        res = upload(remote, out, progress=False)
+    first = res.outcomes[0]  # sent before the freeze (hashed one behind): resumed, not sent again
+    assert first.name == names[0] and first.sent == 0 and first.resumed_from == index["shards"][0]["bytes"]
+    assert_mirrored(index, s.home / "shardship", out, s.uid)
+
+
+def test_18_keepalive_settings_from_ssh_config(sshd_home: SSHD) -> None:
+    s = sshd_home
+    with connect(s.cluster()) as remote:
+        assert (remote.watchdog.interval, remote.watchdog.limit) == (15, 45)  # the defaults
+    with ssh_config_lines(s, "  ServerAliveInterval 2\n  ServerAliveCountMax 5"):
+        with connect(s.cluster()) as remote:
+            assert (remote.watchdog.interval, remote.watchdog.limit) == (2, 10)
+            time.sleep(4.5)  # answered keepalives keep a live connection up
+            assert remote.run(["true"]).ok and not remote.stalled

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,3 +224,60 @@ def test_18_keepalive_settings_from_ssh_config(sshd_home: SSHD) -> None:
             assert (remote.watchdog.interval, remote.watchdog.limit) == (2, 10)
             time.sleep(4.5)  # answered keepalives keep a live connection up
             assert remote.run(["true"]).ok and not remote.stalled
+
+
+# -- 19: a port that never sends an SSH banner ------------------------------------
+
+
+@contextlib.contextmanager
+def silent_port() -> Iterator[int]:
+    """A TCP port that accepts connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(srv.accept()[0])
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("connect_timeout", [2, pytest.param(None, marks=pytest.mark.slow)])
+def test_19_no_banner_is_one_line_within_the_connect_timeout(sshd_home: SSHD, tmp_path: Path,
+                                                             connect_timeout: int | None) -> None:
+    """The default (15 s) is the case where paramiko's thread logged its traceback to stderr."""
+    s = sshd_home
+    extra = f"  ConnectTimeout {connect_timeout}\n" if connect_timeout else ""
+    cfg = tmp_path / "shardship.toml"
+    cfg.write_text('[cluster.test]\nhost = "silent"\nremote_dir = "shardship"\nquota = "auto"\n')
+    with silent_port() as port:
+        block = f"Host silent\n  HostName 127.0.0.1\n  Port {port}\n  User {s.user}\n{extra}\n"
+        before = s.ssh_config.read_text()
+        s.ssh_config.write_text(block + before)
+        try:
+            t0 = time.monotonic()
+            p = cli(["quota", "--config", str(cfg)], s)
+            _, err = p.communicate(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            s.ssh_config.write_text(before)
+    text = err.decode()
+    assert p.returncode == 4, text
+    assert text.count("\n") == 1 and text.startswith("error: "), text
+    assert "Traceback" not in text and "Exception (client)" not in text
+    assert f"127.0.0.1:{port}" in text and "banner" in text.lower()
+    assert f"within {connect_timeout or 15} s" in text and took < (connect_timeout or 15) + 10, took

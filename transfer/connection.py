@@ -102,7 +102,7 @@ def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -
         raise RemoteError(
             f"{where}: HOST KEY CHANGED: server sent {e.key.get_name()} {hostkeys.fingerprint(e.key)}, "
             f"known_hosts has {hostkeys.fingerprint(e.expected_key)}. Ask the admins whether the key changed; "
-            f"if so remove the old entry with `ssh-keygen -R {e.hostname}` and connect again"
+            f"if so remove the old entry with `{hostkeys.removal_command(conn, e.hostname)}` and connect again"
         ) from None
     except paramiko.AuthenticationException as e:
         _close_quietly(conn)

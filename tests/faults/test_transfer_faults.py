@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -281,3 +283,31 @@ def test_19_no_banner_is_one_line_within_the_connect_timeout(sshd_home: SSHD, tm
     assert "Traceback" not in text and "Exception (client)" not in text
     assert f"127.0.0.1:{port}" in text and "banner" in text.lower()
     assert f"within {connect_timeout or 15} s" in text and took < (connect_timeout or 15) + 10, took
+
+
+# -- 20: the host key changed: the printed ssh-keygen -R command must work ------
+
+
+def test_20_changed_host_key_hint_works_as_printed(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, b64 = Path(f"{other}.pub").read_text().split()[:2]
+    s.known_hosts.write_text(f"[127.0.0.1]:{s.port} {kind} {b64}\n")
+    cfg = write_config(tmp_path, s)
+    p = cli(["quota", "--config", str(cfg), "--accept-new-host-key"], s)
+    _, err = p.communicate(timeout=60)
+    text = err.decode()
+    assert p.returncode == 4 and "HOST KEY CHANGED" in text and text.count("\n") == 1, text
+    command = re.search(r"`(ssh-keygen -R [^`]+)`", text)
+    assert command is not None, text
+    assert f"'[127.0.0.1]:{s.port}'" in command.group(1) and f"-f {s.known_hosts}" in command.group(1)
+    subprocess.run(command.group(1), shell=True, check=True, capture_output=True, env=s.env())  # as printed
+    assert f"[127.0.0.1]:{s.port}" not in s.known_hosts.read_text()
+
+    p = cli(["quota", "--config", str(cfg), "--accept-new-host-key"], s)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()
+    assert b"accepted new host key" in err and b"64.0 MB" in out
+    with connect(s.cluster()) as remote:
+        assert remote.run(["true"]).ok

@@ -311,3 +311,29 @@ def test_20_changed_host_key_hint_works_as_printed(sshd_home: SSHD, tmp_path: Pa
     assert b"accepted new host key" in err and b"64.0 MB" in out
     with connect(s.cluster()) as remote:
         assert remote.run(["true"]).ok
+
+
+# -- status --verify: the one consistency check (shardship.format.check) ------------
+
+
+def test_status_verify_uses_check_files_on_the_remote(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out)
+    cfg = write_config(tmp_path, s)
+    with connect(s.cluster()) as remote:
+        upload(remote, out, progress=False)
+    p = cli(["status", "--config", str(cfg), "--out", str(out), "--verify"], s)
+    stdout, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err.decode()
+    assert "3/3 shards verified" in stdout.decode() and "remote dataset (its index.json + shards): consistent" \
+        in stdout.decode()
+    victim = s.home / "shardship" / index["shards"][2]["name"]
+    with open(victim, "r+b") as f:
+        f.seek(700)
+        f.write(b"\x55" * 100)
+    (s.home / "shardship" / index["shards"][0]["name"]).unlink()
+    p = cli(["status", "--config", str(cfg), "--out", str(out), "--verify"], s)
+    text = p.communicate(timeout=120)[0].decode()
+    assert "1/3 shards verified" in text
+    assert f"2 problems: {index['shards'][0]['name']}: missing; {victim.name}: sha256 " in text

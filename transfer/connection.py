@@ -8,6 +8,7 @@ prompts go to the terminal (see auth). Connection problems become one-line
 """
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ else:
 # `local:PATH` commands (the demo, the fast tests) never pay for them.
 
 CONNECT_TIMEOUT = 30  # seconds, unless ~/.ssh/config sets ConnectTimeout
+BANNER_TIMEOUT = 15  # seconds for the server's SSH banner, unless ~/.ssh/config sets ConnectTimeout
 
 #: AES-GCM first: paramiko then needs no separate HMAC per packet, which is most of
 #: its per-byte cost (measured by bench/upload.py: ~1.5x aes128-ctr + hmac-sha2-256).
@@ -79,8 +81,11 @@ def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -
                                  connect_timeout=None, connect_kwargs={"transport_factory": fast_transport})
     except (ValueError, paramiko.SSHException) as e:
         raise RemoteError(f"[cluster.{cluster.name}] host {cluster.host!r}: {e}") from None
+    banner_timeout = conn.connect_timeout or BANNER_TIMEOUT  # ConnectTimeout covers the banner too, as in ssh
+    conn.connect_kwargs["banner_timeout"] = banner_timeout
     if conn.connect_timeout is None:
         conn.connect_timeout = CONNECT_TIMEOUT
+    _quiet_paramiko_log()
     label = f"{conn.user}@{cluster.host}"
     for hop in hostkeys.hops(conn):
         hostkeys.configure(hop.client, hop.ssh_config, label, accept_new)
@@ -97,7 +102,7 @@ def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -
         raise RemoteError(
             f"{where}: HOST KEY CHANGED: server sent {e.key.get_name()} {hostkeys.fingerprint(e.key)}, "
             f"known_hosts has {hostkeys.fingerprint(e.expected_key)}. Ask the admins whether the key changed; "
-            f"if so remove the old entry with `ssh-keygen -R {e.hostname}` and connect again"
+            f"if so remove the old entry with `{hostkeys.removal_command(conn, e.hostname)}` and connect again"
         ) from None
     except paramiko.AuthenticationException as e:
         _close_quietly(conn)
@@ -113,9 +118,31 @@ def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -
         _close_quietly(conn)
         raise RemoteError(f"{where}: cannot connect ({e}); check the host, port and your network/VPN") from None
     except (paramiko.SSHException, EOFError, OSError) as e:
+        banner = _got_banner(conn)
         _close_quietly(conn)
+        if not banner:
+            raise RemoteError(f"{where}: no SSH banner within {banner_timeout:g} s (not an SSH server, or an "
+                              f"overloaded one); check the host and port, or raise ConnectTimeout in "
+                              f"~/.ssh/config") from None
         raise RemoteError(f"{where}: SSH connection failed: {e or type(e).__name__}") from None
     return conn
+
+
+def _quiet_paramiko_log() -> None:
+    """paramiko logs failures ("Exception (client): ...", with a traceback) from its own
+    thread; with no handler configured Python's last-resort handler prints them to
+    stderr before our one-line error. A NullHandler keeps them out (an application
+    that configures logging still gets them through propagation)."""
+    log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+
+
+def _got_banner(conn: Any) -> bool:
+    """Whether the server sent its SSH identification line before things went wrong."""
+    client = getattr(conn, "client", None)
+    t = client.get_transport() if client is not None else None
+    return bool(t is not None and getattr(t, "remote_version", ""))
 
 
 def _auth_summary(e: Exception) -> str:

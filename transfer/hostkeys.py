@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -125,3 +126,25 @@ def hops(conn: Any) -> Iterable[Any]:
     while seen is not None and not isinstance(seen, (str, bool)):
         yield seen
         seen = getattr(seen, "gateway", None)
+
+
+def known_hosts_name(hostname: str, port: int | None) -> str:
+    """How known_hosts (and `ssh-keygen -R`) names a host: `[host]:port` unless the port is 22."""
+    return hostname if port in (None, 22) else f"[{hostname}]:{port}"
+
+
+def removal_command(conn: Any, hostname: str) -> str:
+    """The `ssh-keygen -R NAME -f FILE` that removes `hostname`'s entry, shell-quoted, for the
+    hop (of a ProxyJump chain) that connects to it, naming the file the entry is in."""
+    hop = next((h for h in hops(conn) if getattr(h, "host", None) == hostname), conn)
+    name = known_hosts_name(hostname, getattr(hop, "port", None))
+    files = user_known_hosts_files(getattr(hop, "ssh_config", None))
+    where = files[0]
+    for f in [*files, *map(Path, GLOBAL_KNOWN_HOSTS)]:
+        try:
+            if f.is_file() and paramiko.HostKeys(str(f)).lookup(name) is not None:
+                where = f
+                break
+        except (OSError, paramiko.SSHException):
+            continue
+    return f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(where))}"

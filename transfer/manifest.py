@@ -18,7 +18,7 @@ from shardship.format.index import Shard as ShardFile
 
 __all__ = ["INDEX", "PART", "REMOTE_STATE", "FileRef", "ShardFile", "load_local", "local_file"]
 
-#: remote bookkeeping: name -> {size, mtime, sha256} of shards verified there
+#: remote bookkeeping: name -> {size, sig, sha256} of shards verified there (transfer.signature)
 #: (starts with '.', which `index.check_name` never allows for a shard)
 REMOTE_STATE = ".shardship-state.json"
 #: a partly sent file is NAME.part (a suffix `index.RESERVED_SUFFIXES` keeps shards off)

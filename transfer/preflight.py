@@ -18,6 +18,7 @@ from transfer.manifest import PART, REMOTE_STATE, ShardFile, load_local, local_f
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, build_plan
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote
+from transfer.signature import signatures, trusted
 
 
 class UnsafeShardError(ShardshipError):
@@ -33,7 +34,7 @@ class UnsafeShardError(ShardshipError):
 
 
 def read_state(remote: Remote) -> dict[str, dict[str, Any]]:
-    """{name: {size, mtime, sha256}} of files verified earlier ({} when absent or unreadable)."""
+    """{name: {size, sig, sha256}} of files verified earlier (sig: transfer.signature; {} when absent)."""
     if remote.stat(REMOTE_STATE) is None:
         return {}
     try:
@@ -56,12 +57,14 @@ def remote_entries(
     file cannot vouch for and whose size matches. Returns (entries, new state rows)."""
     entries: dict[str, RemoteEntry] = {}
     to_hash: list[str] = []
+    present = any(it.name in listing for it in items)
+    sigs = signatures(remote) if present else {}  # before hashing: a later change moves the ctime
     for it in items:
         st = listing.get(it.name)
         if st is None or st.is_dir:
             continue
         known = state.get(it.name)
-        if known and known.get("size") == st.size and known.get("mtime") == int(st.mtime):
+        if trusted(known, sigs.get(it.name)) and known is not None and known.get("size") == st.size:
             entries[it.name] = RemoteEntry(st.size, known.get("sha256"))
         elif st.size == it.bytes:
             to_hash.append(it.name)
@@ -74,7 +77,8 @@ def remote_entries(
             digest = hashes[remote.path(name)]
             st = listing[name]
             entries[name] = RemoteEntry(st.size, digest)
-            fresh[name] = {"size": st.size, "mtime": int(st.mtime), "sha256": digest}
+            if sigs.get(name):
+                fresh[name] = {"size": st.size, "sig": sigs[name], "sha256": digest}
     return entries, fresh
 
 

@@ -2,21 +2,26 @@
 
 Cheap by default (one listing + the remote bookkeeping file: a shard counts as
 verified when the sha256 recorded at upload still matches the local index and
-the file's size/mtime are unchanged). `verify=True` re-hashes every remote
-shard on the remote instead.
+the file's signature, size/mtime/ctime/inode (transfer.signature), is unchanged). `verify=True` re-hashes every remote
+shard on the remote instead and decides with `shardship.format.check.check_files`,
+the same check `packer verify` runs locally, for the local index and for the
+remote index.json (what a job there reads).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardship.format import index
+from shardship.format.check import Problem, check_files
 from shardship.hashing import sha256_file
 from shardship.units import human
 from transfer.hashing import sha256_many
 from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.preflight import read_state
 from transfer.quota import Quota, live_quota
-from transfer.remote import Remote
+from transfer.remote import FileStat, Remote
+from transfer.signature import signatures, trusted
 
 
 @dataclass
@@ -47,6 +52,7 @@ class StatusReport:
     index_local: bool = False
     index_remote: str = "missing"  # "missing" | "same" | "differs"
     quota: Quota | None = None
+    remote_dataset: list[str] | None = None  # --verify: problems of the remote index.json's own files
 
     @property
     def complete(self) -> bool:
@@ -63,6 +69,11 @@ class StatusReport:
         if self.remote_only:
             out.append(f"  on the remote only: {', '.join(self.remote_only[:5])}"
                        + (" ..." if len(self.remote_only) > 5 else ""))
+        if self.remote_dataset is not None:
+            out.append("  remote dataset (its index.json + shards): " + (
+                "consistent" if not self.remote_dataset else
+                f"{len(self.remote_dataset)} problems: " + "; ".join(self.remote_dataset[:3])
+                + (" ..." if len(self.remote_dataset) > 3 else "") + "; rerun `transfer upload`"))
         if self.quota is not None:
             out.append(f"  quota: {self.quota.describe()}")
         return out
@@ -79,7 +90,10 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
     listing = remote.listdir()
     state = read_state(remote) if REMOTE_STATE in listing else {}
     names = [s.name for s in shards if s.name in listing and not listing[s.name].is_dir]
-    fresh = sha256_many(remote, names) if (verify and names) else {}
+    bad: set[str] = set()
+    if verify and index_bytes is not None:
+        bad = {p.name for p in remote_problems(remote, index.parse(index_bytes, str(out_dir / INDEX)), listing)}
+    sigs = signatures(remote) if (state and names and not verify) else {}
     for s in shards:
         st = listing.get(s.name)
         have_local = local_file(out_dir, s.ref) is not None or (
@@ -90,20 +104,31 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
             report.shards.append(ShardStatus(s.name, s.bytes, have_local, None, False, part.size if part else 0))
             continue
         if verify:
-            ok = fresh.get(remote.path(s.name)) == s.sha256
+            ok = s.name not in bad
         else:
-            known = state.get(s.name, {})
-            ok = (known.get("sha256") == s.sha256 and known.get("size") == st.size
-                  and known.get("mtime") == int(st.mtime))
+            ok = trusted(state.get(s.name), sigs.get(s.name), s.sha256)
         report.shards.append(ShardStatus(s.name, s.bytes, have_local, st.size, ok))
     local_names = {s.name for s in shards} | {s.compressed.name for s in shards if s.compressed}
     report.remote_only = sorted(n for n in listing if n.endswith((".tar", ".tar.zst")) and n not in local_names)
     if INDEX in listing:
         remote_index = remote.read_file(INDEX)
         report.index_remote = "same" if remote_index == index_bytes else "differs"
+        if verify:  # what a job on the cluster reads: the remote index.json and the files next to it
+            where = f"{remote.label}:{remote.path(INDEX)}"
+            report.remote_dataset = [str(p) for p in remote_problems(remote, index.parse(remote_index, where),
+                                                                      listing)]
     if with_quota:
         report.quota = live_quota(remote, remote.root)
     return report
+
+
+def remote_problems(remote: Remote, idx: index.Index, listing: dict[str, FileStat]) -> list[Problem]:
+    """shardship.format.check_files on the remote files: sizes from the listing, sha256
+    computed on the remote in batches (only for files whose size is right)."""
+    sizes = {n: st.size for n, st in listing.items() if not st.is_dir}
+    want = [sh.name for sh in idx.shards if sizes.get(sh.name) == sh.bytes]
+    hashes = sha256_many(remote, want) if want else {}
+    return check_files(idx, sizes, lambda name: hashes[remote.path(name)])
 
 
 def local_verify(out_dir: Path, shards: list[ShardFile]) -> list[str]:

@@ -30,11 +30,13 @@ from shardship.hashing import sha256_file
 from shardship.units import human
 from transfer import unpack
 from transfer.hashing import RemoteHasher, sha256
+from transfer.lock import UploadLock
 from transfer.manifest import INDEX, PART
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, Step
 from transfer.preflight import UnsafeShardError, prepare, write_state
 from transfer.quota import live_quota
 from transfer.remote import Remote
+from transfer.signature import signatures
 
 Event = Callable[..., None]  # on_event(kind: str, **info)
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
@@ -107,11 +109,23 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
            log: Callable[[str], None] | None = None) -> UploadResult:
     """Upload `out_dir` (index.json + shards) to `remote.root`. Raises QuotaError (exit 3)
     before sending when the plan does not fit, DiskFullError (exit 1) when the disk fills
-    mid-way, RemoteError (exit 4) on connection loss, UnsafeShardError for unsafe tars."""
-    t0 = time.monotonic()
-    out_dir = Path(out_dir)
-    event = on_event or (lambda kind, **kw: None)
+    mid-way, RemoteError (exit 4) on connection loss or while another upload holds the
+    remote lock (transfer.lock), UnsafeShardError for unsafe tars."""
     say = log or _default_log
+    lock = UploadLock(remote, say)
+    if not dry_run and remote.exists(""):
+        lock.acquire()  # before the plan: no other upload changes what it is based on
+    try:
+        return _upload(remote, Path(out_dir), lock, margin, dry_run, bwlimit, config_quota, use_compressed,
+                       progress, on_event or (lambda kind, **kw: None), say)
+    finally:
+        lock.release()
+
+
+def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, dry_run: bool,
+            bwlimit: int | None, config_quota: str | None, use_compressed: bool, progress: bool | None,
+            event: Event, say: Callable[[str], None]) -> UploadResult:
+    t0 = time.monotonic()
     where = f"{remote.label}:{remote.root}"
     plan, index_bytes, state, fresh = prepare(remote, out_dir, margin=margin, use_compressed=use_compressed,
                                               config_quota=config_quota)
@@ -124,6 +138,7 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
 
     # --- from here on we write -------------------------------------------------
     remote.mkdir()
+    lock.acquire()  # a no-op when taken before the plan
     state.update(fresh)
     throttle = RateLimit(bwlimit) if bwlimit else None
     bar = _bar(plan.bytes_to_send, progress)
@@ -169,18 +184,55 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
         bar.close()
         _save_state(remote, state, [s for s in verified if s.action != "skip"], fresh)
 
+    if _write_index(remote, index_bytes, plan, where):
+        result.index_written = True
+        event("index_written")
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _write_index(remote: Remote, index_bytes: bytes, plan: Plan, where: str) -> bool:
+    """index.json last (atomic: temp file + rename); False when the remote one is already it.
+    A full disk here is the same one-line DiskFullError (exit 1) as mid-shard."""
     current = None
     if remote.stat(INDEX) is not None:
         try:
             current = remote.read_file(INDEX)
         except RemoteError:
             current = None
-    if current != index_bytes:
+    if current == index_bytes:
+        return False
+    try:
         remote.write_file(INDEX, index_bytes)
-        result.index_written = True
-        event("index_written")
-    result.seconds = time.monotonic() - t0
-    return result
+    except (OSError, RemoteError) as e:
+        if not _alive(remote):
+            raise RemoteError(f"{where}: connection lost while writing index.json ({e}); "
+                              f"rerun to finish (the shards are verified)") from None
+        q = _quota_or_none(remote)
+        head = q.headroom_bytes if q is not None else None
+        if not (_says_no_space(e) or (head is not None and head < len(index_bytes) + 1024 * 1024)):
+            if isinstance(e, RemoteError):
+                raise
+            raise RemoteError(f"{where}: writing index.json failed: {e}; rerun") from None
+        n = len(plan.steps)
+        raise DiskFullError(
+            f"{where}: remote disk full while writing index.json: kept {n} verified shards "
+            f"({human(sum(s.item.bytes for s in plan.steps))}); {human(max(head or 0, 0))} free now "
+            f"({q.describe() if q else 'quota unknown'}); index.json not updated (a job there still sees the "
+            f"previous dataset, if any). Free at least 1 MB on the cluster and rerun"
+        ) from None
+    return True
+
+
+def _says_no_space(err: Exception) -> bool:
+    return getattr(err, "errno", None) in NO_SPACE or "No space left" in str(err) or "quota" in str(err).lower()
+
+
+def _quota_or_none(remote: Remote) -> Any:
+    try:
+        return live_quota(remote, remote.root)
+    except (RemoteError, OSError):
+        return None
 
 
 @dataclass
@@ -207,16 +259,18 @@ class _Ctx:
 
 
 def _save_state(remote: Remote, state: dict, done: list[Step], fresh: dict) -> None:
-    """Record size/mtime/sha256 of what was verified this run: one listing, one write.
+    """Record size/signature/sha256 of what was verified this run: one stat pass, one write.
     Best effort: the state is only a cache (a lost one costs re-hashing on the remote)."""
     if not done and not fresh:
         return
     try:
-        listing = remote.listdir()
+        sigs = signatures(remote)
         for s in done:
-            st = listing.get(s.item.name)
-            if st is not None:
-                state[s.item.name] = {"size": st.size, "mtime": int(st.mtime), "sha256": s.item.sha256}
+            sig = sigs.get(s.item.name)
+            if sig is not None:
+                state[s.item.name] = {"size": int(sig.split(":")[0]), "sig": sig, "sha256": s.item.sha256}
+            else:
+                state.pop(s.item.name, None)
         write_state(remote, state)
     except (RemoteError, OSError):
         pass
@@ -314,15 +368,12 @@ def _handle_failure(remote: Remote, step: Step, outcome: ShardOutcome, err: Exce
         raise RemoteError(f"{where}: connection lost while sending {step.item.send_name} ({err}); "
                           f"rerun to resume from the partial file") from None
     it = step.item
-    try:
-        q = live_quota(remote, remote.root)
-    except (RemoteError, OSError):
-        q = None
+    q = _quota_or_none(remote)
     try:
         in_part = remote.size(it.send_name + PART) or 0
     except (RemoteError, OSError):
         in_part = 0
-    no_space = getattr(err, "errno", None) in NO_SPACE or "No space left" in str(err) or "quota" in str(err).lower()
+    no_space = _says_no_space(err)
     head = q.headroom_bytes if q is not None else None
     # SFTP reports ENOSPC as a bare "Failure": judge by the space left (the .part goes away)
     if not no_space and head is not None and (head < 1024 * 1024 or head + in_part < it.send_bytes + 64 * 1024):

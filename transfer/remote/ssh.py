@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 from shardship.errors import RemoteError
 from transfer.remote.base import FileStat, Process, Remote, RunResult, _decode
+from transfer.remote.keepalive import Watchdog, settings
 
 #: paramiko channel window / max packet for the SFTP session (what we *receive*:
 #: matters for pull). Upload speed is bounded by the server's window (OpenSSH:
@@ -77,6 +78,7 @@ class SSHRemote(Remote):
         self.label = label or f"{conn.user}@{conn.original_host}"
         self._sftp: Any = None
         self._lock = threading.Lock()
+        self.watchdog = Watchdog(self.transport, *settings(getattr(conn, "ssh_config", None))).start()
         version = str(getattr(self.transport, "remote_version", "") or "")
         self.write_request_size = SFTP_WRITE_OPENSSH if "OpenSSH" in version else SFTP_WRITE_DEFAULT
         self.home = self.sftp.normalize(".")
@@ -305,7 +307,21 @@ class SSHRemote(Remote):
             if self.stat(full) is None:  # lost a race with ourselves is fine
                 raise RemoteError(f"{self.label}: mkdir {full}: {e}") from None
 
+    @property
+    def stalled(self) -> bool:
+        """The keepalives went unanswered and the connection was closed (transfer.remote.keepalive)."""
+        return self.watchdog.stalled
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+        if isinstance(exc[1], Exception) and self.stalled:  # whatever failed, failed because of that
+            w = self.watchdog
+            raise RemoteError(f"connection to {self.label} stalled (no answer to keepalives for {w.limit:g} s: "
+                              f"ServerAliveInterval {w.interval:g} x ServerAliveCountMax "
+                              f"{w.limit / w.interval:g}); rerun to resume") from None
+
     def close(self) -> None:
+        self.watchdog.stop()
         with self._lock:
             if self._sftp is not None:
                 with contextlib.suppress(Exception):

@@ -26,9 +26,9 @@ from shardship.hashing import sha256_file
 from shardship.units import human
 
 LOCK = ".packer.lock"
-#: the names packer gives shards (shardship.format.shards.shard_prefix + -NNNN.tar)
+#: the names packer gives shards (shard_prefix + -NNNN-<content hash>.tar; older packs: -NNNN.tar)
 #: and their compressed copies: the only files a save may sweep away
-SHARD_FILE = re.compile(r".+-[0-9a-f]{6}-[0-9]{4}\.tar(\.zst)?")
+SHARD_FILE = re.compile(r".+-[0-9a-f]{6}-[0-9]{4}(-[0-9a-f]{8})?\.tar(\.zst)?")
 #: index.json key: name -> [size, mtime_ns, ctime_ns, inode] when the file last
 #: matched its sha256 here (local bookkeeping; readers ignore it)
 STAT_KEY = "local_stat"

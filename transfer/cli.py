@@ -78,9 +78,12 @@ def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new
 @click.option("--bwlimit", default=None, help="Limit the upload rate, e.g. 20M (bytes per second).")
 @click.option("--no-compress", is_flag=True, help="Send .tar even where a .tar.zst exists.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--prune", is_flag=True,
+              help="After index.json is switched, delete shards of older packs (shards are content-named, so a "
+                   "re-pack uploads new files and a job still reading the old index keeps its old shards).")
 @_errors
 def upload(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool, dry_run: bool,
-           margin: str, bwlimit: str | None, no_compress: bool, progress: bool | None) -> None:
+           margin: str, bwlimit: str | None, no_compress: bool, progress: bool | None, prune: bool) -> None:
     """Send new/changed shards, verify each by sha256 on the remote, write index.json last."""
     from transfer.upload import upload as do_upload
 
@@ -88,7 +91,7 @@ def upload(cluster: str | None, config: Path | None, out: Path | None, accept_ne
     rate = parse_size(bwlimit) if bwlimit else None
     with connect(cl, accept_new_host_key) as remote:
         result = do_upload(remote, packed, margin=margin, dry_run=dry_run, bwlimit=rate, config_quota=cl.quota,
-                           use_compressed=not no_compress, progress=progress)
+                           use_compressed=not no_compress, progress=progress, prune=prune)
         if dry_run or result.plan.sends:
             click.echo(f"plan for {result.where}:")
             for line in result.plan.lines():

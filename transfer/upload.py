@@ -33,7 +33,7 @@ from transfer.hashing import RemoteHasher, sha256
 from transfer.lock import UploadLock
 from transfer.manifest import INDEX, PART
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, Step
-from transfer.preflight import UnsafeShardError, prepare, write_state
+from transfer.preflight import UnsafeShardError, prepare, read_state, write_state
 from transfer.quota import live_quota
 from transfer.remote import Remote
 from transfer.signature import signatures
@@ -67,6 +67,7 @@ class UploadResult:
     index_written: bool = False
     dry_run: bool = False
     seconds: float = 0.0
+    pruned: list[str] = field(default_factory=list)
 
     @property
     def bytes_sent(self) -> int:
@@ -80,7 +81,8 @@ class UploadResult:
         skipped = sum(1 for s in self.plan.steps if s.action == "skip")
         return (f"{self.where}: {n} shard{'' if n == 1 else 's'} sent and verified "
                 f"({human(self.bytes_sent)}, {rate:.1f} MB/s), "
-                f"{skipped} already there" + ("; index.json updated" if self.index_written else ""))
+                f"{skipped} already there" + ("; index.json updated" if self.index_written else "")
+                + (f"; pruned {len(self.pruned)} old shard file(s)" if self.pruned else ""))
 
 
 class RateLimit:
@@ -106,18 +108,23 @@ class RateLimit:
 def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_MARGIN, dry_run: bool = False,
            bwlimit: int | None = None, config_quota: str | None = None, use_compressed: bool = True,
            progress: bool | None = None, on_event: Event | None = None,
-           log: Callable[[str], None] | None = None) -> UploadResult:
+           log: Callable[[str], None] | None = None, prune: bool = False) -> UploadResult:
     """Upload `out_dir` (index.json + shards) to `remote.root`. Raises QuotaError (exit 3)
     before sending when the plan does not fit, DiskFullError (exit 1) when the disk fills
     mid-way, RemoteError (exit 4) on connection loss or while another upload holds the
-    remote lock (transfer.lock), UnsafeShardError for unsafe tars."""
+    remote lock (transfer.lock), UnsafeShardError for unsafe tars. Shards are content-
+    named, so shards of an older pack stay until `prune` removes them (after the new
+    index.json is in place: a job reading the old index never loses a file)."""
     say = log or _default_log
     lock = UploadLock(remote, say)
     if not dry_run and remote.exists(""):
         lock.acquire()  # before the plan: no other upload changes what it is based on
     try:
-        return _upload(remote, Path(out_dir), lock, margin, dry_run, bwlimit, config_quota, use_compressed,
-                       progress, on_event or (lambda kind, **kw: None), say)
+        result = _upload(remote, Path(out_dir), lock, margin, dry_run, bwlimit, config_quota, use_compressed,
+                         progress, on_event or (lambda kind, **kw: None), say)
+        if prune and not dry_run:
+            result.pruned = prune_unlisted(remote, {s.item.name for s in result.plan.steps})
+        return result
     finally:
         lock.release()
 
@@ -189,6 +196,20 @@ def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, 
         event("index_written")
     result.seconds = time.monotonic() - t0
     return result
+
+
+def prune_unlisted(remote: Remote, keep: set[str]) -> list[str]:
+    """Remove shard files (.tar / .tar.zst) the current remote index.json does not name;
+    returns their names. Only after index.json names the new shards: a job started on
+    the old index may still be reading the old ones, so this runs only when asked."""
+    gone = sorted(n for n, st in remote.listdir().items()
+                  if not st.is_dir and n.endswith((".tar", ".tar.zst")) and n not in keep)
+    for n in gone:
+        remote.remove(n)
+    if gone:
+        state = read_state(remote)
+        write_state(remote, {k: v for k, v in state.items() if k not in gone})
+    return gone
 
 
 def _write_index(remote: Remote, index_bytes: bytes, plan: Plan, where: str) -> bool:

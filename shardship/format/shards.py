@@ -16,6 +16,7 @@ from pathlib import Path
 from shardship.atomic import TMP_SUFFIX
 
 BLOCK = 512
+CONTENT_HEX = 8  # hex digits of the shard's own sha256 in its name
 
 
 def shard_prefix(session: str) -> str:
@@ -73,7 +74,7 @@ def member_header(name: str, size: int) -> bytes:
 
 
 class ShardWriter:
-    """Rolls a session's samples into `<prefix>-NNNN.tar` files of about
+    """Rolls a session's samples into `<prefix>-NNNN-<sha256[:8]>.tar` files of about
     `target_bytes`. Each shard is written to a temp name and only renamed by
     `commit()`, so a crash never leaves a half shard under a real name. The
     sha256 is computed while writing: no second read of the shard."""
@@ -128,6 +129,10 @@ class ShardWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         self._cur.bytes, self._cur.sha256 = self._offset, self._hash.hexdigest()
+        # content-named: a shard name never stands for two different byte strings, so a
+        # re-packed session uploads under new names and a job reading the old index.json
+        # on the cluster keeps reading the old, intact shards until the index switches
+        self._cur.name = f"{self.prefix}-{len(self.done):04d}-{self._cur.sha256[:CONTENT_HEX]}.tar"
         self.done.append(self._cur)
         self._file = self._cur = None
 

@@ -4,6 +4,7 @@ Numbers are the rows of the fault issue."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -352,8 +353,6 @@ def _remote_problems(d: Path) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="row 3 not fixed yet: a changed shard is renamed over its old name "
-                   "before index.json is switched (see the faults-b report)")
 def test_03_killed_reupload_of_a_changed_pack_leaves_a_consistent_remote(sshd_home: SSHD, tmp_path: Path) -> None:
     s = sshd_home
     out = tmp_path / "packed"
@@ -363,12 +362,25 @@ def test_03_killed_reupload_of_a_changed_pack_leaves_a_consistent_remote(sshd_ho
     with connect(s.cluster()) as remote:
         upload(remote, out, progress=False)
     assert _remote_problems(d) == []  # a job on the cluster reads this dataset ...
-    index = make_packed(out, seed=1)  # ... while a re-pack (same shard names, new bytes) is uploaded
+    old_names = {sh["name"] for sh in json.loads((out / "index.json").read_text())["shards"]}
+    # ... while a re-pack (new bytes) is uploaded: packer names shards by their content
+    # (shardship.format.shards), so new bytes come under new names
+    for p in out.iterdir():
+        p.unlink()
+    index = make_packed(out, {"session_a-0a1b2c-0000-1a2b3c4d.tar": 16, "session_a-0a1b2c-0001-5e6f7a8b.tar": 16,
+                              "session_b-3d4e5f-0000-9c0d1e2f.tar": 8}, seed=1)
+    assert not old_names & {sh["name"] for sh in index["shards"]}  # content-named: new bytes, new names
     first = index["shards"][0]
     p = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--bwlimit", "512K"], s)
     try:
-        _wait_for(lambda: sha(d / first["name"]) == first["sha256"])  # the new bytes are in place
+        _wait_for(lambda: (d / first["name"]).exists() and sha(d / first["name"]) == first["sha256"])  # new shard in
     finally:
         p.send_signal(signal.SIGKILL)  # the client dies mid-upload
         p.communicate(timeout=30)
     assert _remote_problems(d) == []  # what the job sees stays consistent
+    # the rerun finishes, switches index.json; --prune then removes the old pack's shards
+    r = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--prune"], s)
+    assert r.wait(timeout=300) == 0
+    assert _remote_problems(d) == []
+    left = {p.name for p in d.iterdir() if p.name.endswith(".tar")}
+    assert left == {sh["name"] for sh in index["shards"]}

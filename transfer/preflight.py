@@ -143,7 +143,8 @@ def prepare(remote: Remote, out_dir: Path, *, margin: str | int = DEFAULT_MARGIN
     check_tars(out_dir, plan)
     stale = sorted(n for n in listing if n.endswith(".tar") and n not in {i.name for i in items})
     if stale:
-        plan.notes.append(f"{len(stale)} .tar files on the remote are not in the local index (kept for jobs still reading an older index.json; --prune removes them): "
+        plan.notes.append(f"{len(stale)} .tar files on the remote are not in the local index (kept for jobs still "
+                          "reading an older index.json; --prune removes them): "
                           + ", ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""))
     return plan, index_bytes, state, fresh
 

@@ -1,6 +1,6 @@
 """The process around a training step: random streams (seeded, saved and restored
 for exact resume), mixed precision, batches onto the device, and the signals a
-scheduler sends before the wall clock."""
+scheduler (or ctrl-C) sends."""
 from __future__ import annotations
 
 import random
@@ -91,15 +91,20 @@ def batches(loader: Any) -> Generator[dict[str, torch.Tensor], None, None]:
 
 # ------------------------------------------------------------------ stop signals
 class StopFlag:
-    """SIGTERM / SIGUSR1 (scheduler warnings before the wall clock) -> finish the
-    step, checkpoint, exit 0. The flag is all-reduced so all ranks stop together."""
+    """SIGTERM / SIGUSR1 (scheduler warnings before the wall clock) and SIGINT
+    (ctrl-C; torchrun passes it on to every rank) -> finish the step, checkpoint,
+    stop. The flag is all-reduced so all ranks stop together. A second SIGINT
+    stops at once (KeyboardInterrupt): the CLI then says whether a checkpoint exists."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
     def __init__(self) -> None:
         self.reason: str | None = None
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
             if sig is not None:
                 try:
                     self._old[sig] = signal.signal(sig, self._handle)
@@ -107,6 +112,8 @@ class StopFlag:
                     pass
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.reason == "SIGINT":
+            raise KeyboardInterrupt  # ctrl-C twice: stop now, without the checkpoint
         self.reason = signal.Signals(signum).name
 
     def restore(self) -> None:

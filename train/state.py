@@ -80,6 +80,7 @@ class RunState:
     resumed_from: int | None = None
     metrics: IO[str] | None = None  # metrics.jsonl, rank 0 only
     samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
+    plot_warned: bool = False  # loss.png failed once and said so
 
     @property
     def device(self) -> torch.device:

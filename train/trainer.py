@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from tqdm import tqdm
 from shardship.atomic import remove_stale_temps
 from shardship.errors import ShardshipError
 from train import ddp
-from train.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
+from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
 from train.data import ShardDataset, make_loader
 from train.metrics import METRICS, plot_metrics
@@ -56,6 +57,11 @@ def train(data: str | Path, out: str | Path, cfg: TrainConfig, max_steps: int | 
     stop.install()
     try:
         return _train(dist_, data, out, cfg, max_steps, resume, progress, stop)
+    except (OSError, RuntimeError) as e:  # a full disk anywhere (logs, plots, checkpoints): exit 3, one line
+        full = space_error(e, out)
+        if full is None:
+            raise
+        raise full from None
     finally:
         stop.restore()
         ddp.cleanup()
@@ -138,8 +144,7 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: tqdm) -> tuple[str | Non
             if run.step % cfg.checkpoint_every == 0 and run.step < end:
                 run.save("periodic")
                 last_saved = run.step
-                if run.d.is_main:
-                    plot_metrics(run.out / METRICS, run.out / "loss.png")
+                _plot(run)
             win.t0 += time.perf_counter() - t_pause
             if stopped or run.step >= end:
                 break
@@ -239,5 +244,20 @@ def _finish(run: RunState, stopped: str | None, end: int, last_saved: int) -> No
         _validate_and_keep_best(run)
     if run.step != last_saved:
         run.save("periodic")
-    if run.d.is_main:
-        plot_metrics(run.out / METRICS, run.out / "loss.png")
+    _plot(run)
+
+
+def _plot(run: RunState) -> None:
+    """loss.png on rank 0. A plot never stops a run: a failure (full disk, a broken
+    matplotlib) is one warning, the first time; later plots are tried again quietly."""
+    if not run.d.is_main:
+        return
+    png = run.out / "loss.png"
+    try:
+        plot_metrics(run.out / METRICS, png)
+    except Exception as e:  # noqa: BLE001 - any plotting failure: warn, train on
+        if not run.plot_warned:
+            run.plot_warned = True
+            why = os_error_in(e) or e
+            tqdm.write(f"warning: cannot write {png} ({getattr(why, 'strerror', None) or why}); training goes on, "
+                       "metrics.jsonl has the numbers", file=sys.stderr)

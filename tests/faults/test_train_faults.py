@@ -1,0 +1,230 @@
+"""Faults in `train run`, the shard reader and the job scripts, each reproduced
+for real (a full tmpfs, real signals, a hand-damaged index.json or shard) and
+answered with one line and the exit code of shardship.errors.Exit."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardship.errors import Exit
+from tests.datasets import copy_tree, make_packed
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+PY = sys.executable
+
+TINY = """
+[train]
+batch_size = 8
+num_workers = {workers}
+lr = 3e-3
+warmup = 2
+steps = {steps}
+checkpoint_every = {ckpt}
+keep = 0
+val_every = 0
+log_every = {log}
+seed = 3
+
+[train.model]
+obs_size = 32
+enc_channels = [8, 16, 32]
+embed_dim = 64
+proprio_embed = 16
+time_embed = 32
+unet_dims = [32, 64]
+diffusion_steps = 50
+ddim_steps = 5
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _config(tmp: Path, steps: int = 20, ckpt: int = 1000, log: int = 1, workers: int = 0) -> Path:
+    p = tmp / "shardship.toml"
+    p.write_text(TINY.format(steps=steps, ckpt=ckpt, log=log, workers=workers))
+    return p
+
+
+def _cmd(data: Path, out: Path, cfg: Path, *extra: str) -> list[str]:
+    return [PY, "-m", "train", "run", "--data", str(data), "--out", str(out), "--config", str(cfg), *extra]
+
+
+def _run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], code: int) -> str:
+    """The run failed with `code` and said why in one `error:` line, no traceback."""
+    assert r.returncode == code, (r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    return errors[0]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            out.append(json.loads(line))
+    return out
+
+
+@contextlib.contextmanager
+def _tmpfs(where: Path, size: str) -> Iterator[Path]:
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_packed(tmp_path_factory.mktemp("faults"), sessions=3, frames=60, seed=0)
+
+
+def _edit_index(data: Path, edit) -> None:
+    doc = json.loads((data / "index.json").read_text())
+    edit(doc)
+    (data / "index.json").write_text(json.dumps(doc))
+
+
+# ---------------------------------------------------------------- 6: a full disk
+@pytest.mark.slow
+def test_full_disk_at_loss_png_warns_once_and_the_run_goes_on(packed: Path, tmp_path: Path) -> None:
+    """A tmpfs with room for the checkpoint but not for loss.png: the run ends
+    normally (exit 0) with one warning; the checkpoint is complete."""
+    from train.checkpoint import load_checkpoint
+
+    probe = tmp_path / "probe"
+    cfg = _config(tmp_path, steps=4, ckpt=2, log=1)
+    r = _run(_cmd(packed, probe, cfg, "--max-steps", "2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ck_bytes = (probe / "last.pt").stat().st_size
+    png_bytes = (probe / "loss.png").stat().st_size
+    assert png_bytes > 12 * 1024, "the test needs a plot larger than its slack"
+    assert sorted(p.name for p in probe.glob("*.pt")) == ["best.pt", "last.pt"]
+    size_k = 2 * ((ck_bytes + 4095) // 4096 * 4) + 8  # both checkpoints, metrics.jsonl and a page to spare
+    with _tmpfs(tmp_path / "small", f"{size_k}k") as out:
+        r = _run(_cmd(packed, out, cfg, "--max-steps", "2"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Traceback" not in r.stderr
+        warns = [ln for ln in r.stderr.splitlines() if "loss.png" in ln]
+        assert len(warns) == 1 and "warning" in warns[0], r.stderr[-3000:]
+        assert load_checkpoint(out / "last.pt")["step"] == 2
+        # the next checkpoint does not fit: the space exit code and one line
+        r = _run(_cmd(packed, out, cfg))
+        line = _one_line_error(r, Exit.QUOTA)
+        assert "cannot write checkpoint" in line and "intact" in line
+        assert load_checkpoint(out / "last.pt")["step"] == 2
+
+
+@pytest.mark.slow
+def test_full_disk_at_metrics_jsonl_is_the_space_exit_code(packed: Path, tmp_path: Path) -> None:
+    """ENOSPC outside the checkpoint writer (metrics.jsonl fills an 8 KiB tmpfs
+    before any checkpoint): exit 3 with one line, not a traceback."""
+    cfg = _config(tmp_path, steps=200, ckpt=1000, log=1)
+    with _tmpfs(tmp_path / "small", "8k") as out:
+        r = _run(_cmd(packed, out, cfg))
+        line = _one_line_error(r, Exit.QUOTA)
+        assert "no space" in line.lower() and str(out) in line, line
+
+
+# ---------------------------------------------------------------- 21: ctrl-C
+def _start(cmd: list[str]) -> subprocess.Popen[str]:
+    """A run in its own process group, as a terminal's foreground job is: ctrl-C
+    reaches it and its DataLoader workers alike."""
+    return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_step(proc: subprocess.Popen[str], out: Path, step: int, timeout: float = 200) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(r.get("step", 0) >= step for r in _jsonl(out / "metrics.jsonl")):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {step}: {proc.communicate()[1][-2000:]}")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_then_resumes(packed: Path, tmp_path: Path) -> None:
+    """SIGINT to the whole foreground group at step 3 (no checkpoint yet): the
+    step finishes, a checkpoint is written, and the message's promise holds."""
+    from train.checkpoint import load_checkpoint
+
+    cfg = _config(tmp_path, steps=400, ckpt=1000, log=1, workers=1)
+    out = tmp_path / "out"
+    proc = _start(_cmd(packed, out, cfg))
+    _wait_for_step(proc, out, 3)
+    os.killpg(proc.pid, signal.SIGINT)
+    text, err = _finish(proc)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    ck = load_checkpoint(out / "last.pt")
+    assert 3 <= ck["step"] < 400
+    assert f"stopped at step {ck['step']}/400 (SIGINT)" in text + err
+    r = _run(_cmd(packed, out, cfg, "--max-steps", str(ck["step"] + 1)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resuming from {out / 'last.pt'} at step {ck['step']}," in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_says_honestly_whether_a_checkpoint_exists(packed: Path, tmp_path: Path) -> None:
+    """A second ctrl-C while the first one's checkpoint is on its way stops at
+    once; what the run then promises matches what is on disk."""
+    cfg = _config(tmp_path, steps=400, ckpt=1000, log=1, workers=0)
+    out = tmp_path / "out"
+    proc = _start(_cmd(packed, out, cfg))
+    _wait_for_step(proc, out, 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.2)  # two signals at once would be delivered as one
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    text, err = _finish(proc)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    said = [ln for ln in (text + err).splitlines() if ln.startswith(("interrupted", "stopped at step"))]
+    assert len(said) == 1, text + err[-3000:]
+    if (out / "last.pt").exists():
+        assert "resume" in said[0] and str(out / "last.pt") in said[0], said
+    else:
+        assert "no checkpoint" in said[0] and "resume" not in said[0], said
+
+
+def test_interrupted_message_promises_only_what_exists(tmp_path: Path) -> None:
+    from train.cli import _interrupted
+
+    assert "no checkpoint" in _interrupted(tmp_path) and "resume" not in _interrupted(tmp_path)
+    (tmp_path / "last.pt").write_bytes(b"x")
+    assert f"resume from {tmp_path / 'last.pt'}" in _interrupted(tmp_path)

@@ -203,7 +203,7 @@ def _close_window(run: RunState, win: _Window, lr_used: float, gnorm: torch.Tens
         stopped = stop.reason or ("time limit" if over else "another rank was signalled")
     if not math.isfinite(mean_loss):  # same value on every rank: all stop together
         raise ShardshipError(f"training loss is {mean_loss} at step {run.step}: lower lr (now {run.cfg.lr}) "
-                             f"or raise warmup; {run.out / 'last.pt'} holds the last good state")
+                             f"or raise warmup; {run.last_good()}")
     return stopped
 
 

@@ -266,10 +266,24 @@ class ShardDataset(IterableDataset):
             mask[...] = d["action_mask"]
         if not d["joints_valid"]:
             proprio[...] = self._proprio_fill
+            self._check_finite(i, action=action)
             return 0.0
         if d["proprio"] is not None:
             proprio[...] = d["proprio"]
+        self._check_finite(i, action=action, proprio=proprio)
         return 1.0
+
+    def _check_finite(self, i: int, **arrays: np.ndarray) -> None:
+        """A NaN/inf in a sample would turn the weights into NaN: refuse it here, by
+        its key, before it reaches a gradient (and so a checkpoint)."""
+        for name, a in arrays.items():
+            if not np.isfinite(a).all():
+                at = tuple(int(x) for x in np.argwhere(~np.isfinite(a))[0])
+                s = int(self.index.shard[i])
+                raise ShardshipError(
+                    f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {name}{list(at)} is "
+                    f"{a[at]}: the session's poses/joints hold NaN or inf; fix or drop the session, re-run "
+                    "`packer pack`")
 
     def _bad(self, i: int, reason: str) -> ShardshipError:
         s = int(self.index.shard[i])

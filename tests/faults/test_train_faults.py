@@ -302,3 +302,33 @@ def test_diverged_weights_are_never_checkpointed(packed: Path, tmp_path: Path) -
         assert "last.pt" in line
     else:
         assert "no checkpoint" in line
+
+
+# ---------------------------------------------------------------- 17: NaN in index.json stats
+@pytest.mark.parametrize("value, said", [(float("nan"), "is NaN"), (float("inf"), "is infinite"),
+                                         (-1.0, "negative"), ("x", "not a number")])
+def test_bad_stats_std_is_refused_naming_the_field(packed: Path, tmp_path: Path, value: object, said: str) -> None:
+    from shardship.errors import ShardshipError
+    from train.data import load_index
+
+    data = copy_tree(packed, tmp_path / "packed")
+    _edit_index(data, lambda d: d["stats"]["action"]["std"].__setitem__(3, value))
+    with pytest.raises(ShardshipError, match=re.escape("stats.action.std[3] ") + f".*{said}.*packer pack"):
+        load_index(data)
+
+
+def test_nan_in_stats_std_stops_train_run_with_one_line(packed: Path, tmp_path: Path) -> None:
+    data = copy_tree(packed, tmp_path / "packed")
+    _edit_index(data, lambda d: d["stats"]["action"]["std"].__setitem__(3, float("nan")))
+    r = _run(_cmd(data, tmp_path / "out", _config(tmp_path)))
+    line = _one_line_error(r, Exit.USAGE)
+    assert "index.json: stats.action.std[3] is NaN; re-run `packer pack`" in line, line
+
+
+def test_set_normaliser_refuses_non_finite_stats() -> None:
+    from shardship.errors import ShardshipError
+    from train.model import DiffusionPolicy, model_config
+
+    m = DiffusionPolicy(model_config({"preset": "tiny"}, action_dim=4, proprio_dim=0, horizon=4, image_size=32))
+    with pytest.raises(ShardshipError, match=re.escape("stats.action.mean[1] is nan")):
+        m.set_normaliser({"action": {"mean": [0.0, float("nan"), 0.0, 0.0], "std": [1.0] * 4}})

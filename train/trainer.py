@@ -37,7 +37,17 @@ from train.config import TrainConfig, parse_duration
 from train.data import ShardDataset, make_loader
 from train.metrics import METRICS, plot_metrics
 from train.optim import EMA, lr_at, lr_lambda, make_optimizer, make_scheduler
-from train.runtime import StopFlag, amp_dtype, autocast, batches, configure_device, make_scaler, rng_state, to_device
+from train.runtime import (
+    StopFlag,
+    amp_dtype,
+    autocast,
+    batches,
+    configure_device,
+    make_scaler,
+    rng_state,
+    take_output_lock,
+    to_device,
+)
 from train.state import RunResult, RunState, build_model, close_logs, open_logs, resume_run, setup_run
 
 # Besides train(): the names tests, bench/ and older callers import from train.trainer.
@@ -55,7 +65,9 @@ def train(data: str | Path, out: str | Path, cfg: TrainConfig, max_steps: int | 
     dist_ = ddp.setup(cfg.device)
     stop = StopFlag()
     stop.install()
+    lock = None
     try:
+        lock = take_output_lock(dist_, out)
         return _train(dist_, data, out, cfg, max_steps, resume, progress, stop)
     except (OSError, RuntimeError) as e:  # a full disk anywhere (logs, plots, checkpoints): exit 3, one line
         full = space_error(e, out)
@@ -63,6 +75,8 @@ def train(data: str | Path, out: str | Path, cfg: TrainConfig, max_steps: int | 
             raise
         raise full from None
     finally:
+        if lock is not None:
+            lock.release()
         stop.restore()
         ddp.cleanup()
 

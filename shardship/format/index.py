@@ -238,12 +238,12 @@ def _check_stats(stats: object, where: str) -> None:
             continue
         if not isinstance(part, dict):
             raise ShardshipError(f"{where}: stats.{name} must be an object with mean/std; {REPACK}")
-        for field in ("mean", "std"):
-            values = part.get(field)
+        for stat in ("mean", "std"):
+            values = part.get(stat)
             if values is None:
                 continue
             if not isinstance(values, list):
-                raise ShardshipError(f"{where}: stats.{name}.{field} must be a list of numbers; {REPACK}")
+                raise ShardshipError(f"{where}: stats.{name}.{stat} must be a list of numbers; {REPACK}")
             for i, v in enumerate(values):
                 problem = None
                 if type(v) not in (int, float):
@@ -252,10 +252,10 @@ def _check_stats(stats: object, where: str) -> None:
                     problem = "NaN"
                 elif v in (float("inf"), float("-inf")):
                     problem = "infinite"
-                elif field == "std" and v < 0:
+                elif stat == "std" and v < 0:
                     problem = f"{v}, negative"
                 if problem:
-                    raise ShardshipError(f"{where}: stats.{name}.{field}[{i}] is {problem}; {REPACK}")
+                    raise ShardshipError(f"{where}: stats.{name}.{stat}[{i}] is {problem}; {REPACK}")
 
 
 def _check_version(doc: dict[str, Any], where: str) -> None:

@@ -332,3 +332,42 @@ def test_set_normaliser_refuses_non_finite_stats() -> None:
     m = DiffusionPolicy(model_config({"preset": "tiny"}, action_dim=4, proprio_dim=0, horizon=4, image_size=32))
     with pytest.raises(ShardshipError, match=re.escape("stats.action.mean[1] is nan")):
         m.set_normaliser({"action": {"mean": [0.0, float("nan"), 0.0, 0.0], "std": [1.0] * 4}})
+
+
+# ---------------------------------------------------------------- 11: two runs, one output dir
+@pytest.mark.slow
+def test_second_train_run_into_the_same_out_is_refused(packed: Path, tmp_path: Path) -> None:
+    """While one `train run` writes OUT, a second one exits 2 naming the first
+    (pid, host); once the first is SIGKILLed the lock is gone with it."""
+    import socket
+
+    cfg = _config(tmp_path, steps=400, ckpt=1000, log=1)
+    out = tmp_path / "out"
+    first = _start(_cmd(packed, out, cfg))
+    try:
+        _wait_for_step(first, out, 1)
+        r = _run(_cmd(packed, out, cfg, "--max-steps", "2"))
+        line = _one_line_error(r, Exit.USAGE)
+        assert f"another `train run` (pid {first.pid}, host {socket.gethostname()}) is writing {out}" in line, line
+        assert first.poll() is None, "the first run must go on untouched"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    r = _run(_cmd(packed, out, cfg, "--max-steps", "2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_output_lock_is_per_directory_and_released_on_close(tmp_path: Path) -> None:
+    from train.runtime import OutputLock
+
+    def other_process_takes(d: Path) -> subprocess.CompletedProcess[str]:
+        code = f"from pathlib import Path; from train.runtime import OutputLock; OutputLock.take(Path({str(d)!r}))"
+        return subprocess.run([PY, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+
+    a = OutputLock.take(tmp_path / "a")
+    b = OutputLock.take(tmp_path / "b")  # another directory: no conflict
+    r = other_process_takes(tmp_path / "a")
+    assert r.returncode != 0 and f"another `train run` (pid {os.getpid()}," in r.stderr
+    a.release()
+    b.release()
+    assert other_process_takes(tmp_path / "a").returncode == 0

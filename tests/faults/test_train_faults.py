@@ -371,3 +371,19 @@ def test_output_lock_is_per_directory_and_released_on_close(tmp_path: Path) -> N
     a.release()
     b.release()
     assert other_process_takes(tmp_path / "a").returncode == 0
+
+
+# ---------------------------------------------------------------- 12: the job's TOML
+@pytest.mark.parametrize("name", ["grasp 😀", 'say "hi"', "back\\slash", "two\nlines", "tab\there", "bell\x07",
+                                  "ünïcödé", "'single'", "del\x7f", "a\u2028b"])
+def test_job_toml_round_trips_any_session_name(name: str) -> None:
+    """The [train] TOML `train submit` writes is read back by the job (tomllib /
+    tomli) to exactly the values it was written from."""
+    from shardship.config import tomllib
+    from train.jobs.submit import train_toml
+
+    train = {"val_sessions": [name, "plain"], "lr": 3e-4, "amp": True, "time_limit": name,
+             "model": {"preset": "tiny", "unet_dims": [32, 64], "note": name}}
+    text = train_toml(train, f"shardship.toml {name}")
+    back = tomllib.loads(text)
+    assert back == {"train": train}

@@ -20,6 +20,7 @@ from shardship.format import index as fmt
 from shardship.units import parse_size
 from train.jobs import checks, measure, render
 from train.jobs import log_path as job_log_path
+from train.jobs.common import comment
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
@@ -63,12 +64,6 @@ def _plain(v: Any, where: str) -> Any:
     return v
 
 
-def _comment(text: str) -> str:
-    """`text` safe inside a TOML comment: control characters (a newline would
-    start a live line) written as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def train_toml(train: Mapping[str, Any], source: str) -> str:
     """The [train] section (and [train.model]) as the trainer on the cluster reads
     it, written by a real TOML writer (tomli_w): any session name, emoji, quote,
@@ -76,7 +71,7 @@ def train_toml(train: Mapping[str, Any], source: str) -> str:
     import tomli_w
 
     body = tomli_w.dumps({"train": _plain(train, "[train]")})
-    return f"# [train] for the job, copied from {_comment(source)} by `train submit`\n{body}"
+    return f"# [train] for the job, copied from {comment(source)} by `train submit`\n{body}"
 
 
 # ---------------------------------------------------------------- plan + checks

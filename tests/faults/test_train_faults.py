@@ -442,3 +442,66 @@ def test_newline_in_the_remote_directory_is_refused_not_rendered(sched: str) -> 
     with pytest.raises(ShardshipError, match="control character") as e:
         _script(sched, root="/scratch/u/run\ntouch pwned")
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- 15/14: offsets in index.json
+def _set_row(data: Path, shard: int, row: int, column: str, value: int) -> str:
+    """Set one sample's column in index.json; returns the shard's name."""
+    def edit(doc: dict) -> None:
+        doc["shards"][shard]["samples"][row][doc["sample_fields"].index(column)] = value
+    _edit_index(data, edit)
+    return json.loads((data / "index.json").read_text())["shards"][shard]["name"]
+
+
+@pytest.mark.parametrize("column, value, said", [
+    ("json_offset", 10**12, "beyond the shard's"),  # 15: huge offset
+    ("jpg_offset", -512, "negative"),  # 14: negative offset
+    ("json_size", -5, "negative"),  # 14: negative size
+])
+def test_bad_offsets_in_index_json_blame_index_json_in_one_line(packed: Path, tmp_path: Path, column: str,
+                                                                 value: int, said: str) -> None:
+    """The shard is fine, index.json is wrong: `train run` says so before any
+    DataLoader worker seeks (no "re-upload", no traceback) and names the shard."""
+    data = copy_tree(packed, tmp_path / "packed")
+    name = _set_row(data, 0, 5, column, value)
+    r = _run(_cmd(data, tmp_path / "out", _config(tmp_path)))
+    line = _one_line_error(r, Exit.USAGE)
+    assert "index.json" in line and name in line and "samples[5]" in line and said in line, line
+    assert "packer pack" in line and "re-upload" not in line, line
+
+
+def _reader(data: Path):
+    from train.data import ShardDataset, load_index
+
+    ix = load_index(data)
+    return ix, ShardDataset(ix, batch_size=4, verify=False)
+
+
+def test_reader_blames_the_shard_when_the_file_is_shorter_than_index_json_says(packed: Path, tmp_path: Path) -> None:
+    from shardship.errors import ShardshipError
+
+    data = copy_tree(packed, tmp_path / "packed")
+    ix, ds = _reader(data)
+    path = ix.shard_path(0)
+    os.truncate(path, path.stat().st_size // 2)
+    last = int(ix.starts[0] + ix.counts[0] - 1)
+    with pytest.raises(ShardshipError) as e:
+        ds._read(last)
+    msg = str(e.value)
+    assert ix.shard_names[0] in msg and "index.json says" in msg and "re-upload the shard" in msg, msg
+    ds.close()
+
+
+def test_reader_blames_index_json_when_the_shard_is_whole(packed: Path, tmp_path: Path) -> None:
+    """The shard has the size index.json gives it, yet a sample reaches past its
+    end (an index that slipped past validation): re-pack, not re-upload."""
+    from shardship.errors import ShardshipError
+
+    ix, ds = _reader(packed)
+    ix.json_offset = ix.json_offset.copy()
+    ix.json_offset[0] = int(ix.shard_bytes[int(ix.shard[0])]) + 10
+    with pytest.raises(ShardshipError) as e:
+        ds._read(0)
+    msg = str(e.value)
+    assert "index.json" in msg and "packer pack" in msg and "re-upload" not in msg, msg
+    ds.close()

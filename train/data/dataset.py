@@ -227,20 +227,29 @@ class ShardDataset(IterableDataset):
         if hi - lo <= jn + sn + 4096:  # adjacent members: one read
             buf = os.pread(fd, hi - lo, lo)
             if len(buf) < hi - lo:
-                raise self._truncated(s, i, hi, lo + len(buf))
+                raise self._truncated(fd, s, i, hi)
             mv = memoryview(buf)
             return mv[jo - lo:jo - lo + jn], mv[so - lo:so - lo + sn]
         out = []
         for off, n in ((jo, jn), (so, sn)):
             buf = os.pread(fd, n, off)
             if len(buf) < n:
-                raise self._truncated(s, i, off + n, off + len(buf))
+                raise self._truncated(fd, s, i, off + n)
             out.append(memoryview(buf))
         return out[0], out[1]
 
-    def _truncated(self, s: int, i: int, need: int, have: int) -> ShardshipError:
-        return ShardshipError(f"shard {self.index.shard_names[s]} is truncated: sample {self.index.key(i)} needs "
-                              f"bytes up to {need}, the file ends at {have}; re-upload it (`transfer upload`)")
+    def _truncated(self, fd: int, s: int, i: int, need: int) -> ShardshipError:
+        """A read came up short: say which file is wrong. The shard shorter than
+        index.json says -> re-upload the shard; the shard as long as index.json says
+        but a sample reaching past it -> index.json is inconsistent -> re-pack."""
+        name, expected = self.index.shard_names[s], int(self.index.shard_bytes[s])
+        size = os.fstat(fd).st_size
+        if size < expected:
+            return ShardshipError(f"shard {name} is truncated: {size} bytes on disk, index.json says {expected}: "
+                                  "re-upload the shard (`transfer upload`)")
+        return ShardshipError(f"{self.index.root / 'index.json'}: sample {self.index.key(i)} needs bytes up to {need} "
+                              f"of shard {name}, which has the {size} bytes index.json gives it: index.json is "
+                              "inconsistent; re-run `packer pack`")
 
     def _decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
         h, w = out.shape[:2]

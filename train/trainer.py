@@ -11,6 +11,9 @@ steps, at a new best validation loss and at the end (train.checkpoint lists the
 files); the run resumes from last.pt by itself, with the same step, learning
 rate, data position and random streams. metrics.jsonl and loss.png follow the
 checkpoint: a resumed run drops the lines of steps it is about to redo.
+Rank 0 holds OUT/.lock for the run (a second run into OUT is refused), no
+checkpoint is written from non-finite weights, a failed loss.png is a warning,
+and a full disk anywhere is one line and exit 3 (Exit.QUOTA).
 
 The pieces live beside this file: train.config (the [train] schema, torch-free),
 train.state (one rank's run: setup, resume, checkpoint), train.optim (AdamW, LR

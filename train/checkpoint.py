@@ -59,7 +59,7 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
         with atomic_open(path, "wb") as f:
             torch.save(dict(state), f)
     except (OSError, RuntimeError) as e:
-        os_err = _os_error_in(e)
+        os_err = os_error_in(e)
         if os_err is None:  # not an I/O failure: a bug, keep the traceback
             raise
         if os_err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -68,7 +68,7 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
         raise ShardshipError(f"cannot write checkpoint {path}: {os_err}; the previous checkpoint is intact") from None
 
 
-def _os_error_in(e: BaseException | None) -> OSError | None:
+def os_error_in(e: BaseException | None) -> OSError | None:
     """The OSError behind `e` (torch's zip writer turns a failed write into a
     RuntimeError whose context is the OSError)."""
     seen = 0
@@ -78,6 +78,22 @@ def _os_error_in(e: BaseException | None) -> OSError | None:
         e = e.__cause__ or e.__context__
         seen += 1
     return None
+
+
+def space_error(e: BaseException, out: Path) -> QuotaError | None:
+    """A one-line QuotaError (exit 3, what the job's requeue logic expects for
+    space) when `e` is, or wraps, a full disk or quota (ENOSPC/EDQUOT); else None."""
+    if isinstance(e, QuotaError):
+        return e
+    os_err = os_error_in(e)
+    if os_err is None or os_err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    where = os_err.filename or out
+    last = out / "last.pt"
+    then = (f"run the same command to resume from {last}" if last.exists()
+            else f"run the same command again (no checkpoint in {out} yet)")
+    return QuotaError(f"no space left writing {where} ({os_err.strerror}): free space in {out} or raise the quota, "
+                      f"then {then}")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ exit with the code from DESIGN.md."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,30 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         tc.model = {**tc.model, "preset": preset}
     data = data or cfg.packed
     out = out or cfg.outputs
-    res = train(data, out, tc, max_steps=max_steps, resume=resume)
+    try:
+        res = train(data, out, tc, max_steps=max_steps, resume=resume)
+    except KeyboardInterrupt:  # a second ctrl-C, or one before training started
+        click.echo(f"\n{_interrupted(out)}", err=True)
+        sys.exit(130)
     if _is_main():
         if res.stopped:
-            click.echo(f"stopped at step {res.step}/{res.total_steps} ({res.stopped}); run the same command to resume")
+            click.echo(f"stopped at step {res.step}/{res.total_steps} ({res.stopped}), checkpoint {out}/last.pt; "
+                       "run the same command to resume")
         else:
             click.echo(f"done: step {res.step}/{res.total_steps}")
         best = f", best val loss {res.best_val:.4f}" if res.best_val is not None else ""
         click.echo(f"checkpoints: {out}/last.pt{', best.pt' if (out / 'best.pt').exists() else ''}{best}")
         click.echo(f"curves: {out}/loss.png, metrics: {out}/metrics.jsonl")
+    if res.stopped == "SIGINT":
+        sys.exit(130)  # ctrl-C: checkpointed, but the run did not finish (`train run && next` must not go on)
+
+
+def _interrupted(out: Path) -> str:
+    """What an interrupted `train run` kept, honestly: last.pt, or nothing yet."""
+    last = out / "last.pt"
+    if last.exists():
+        return f"interrupted: run the same command again to resume from {last}"
+    return f"interrupted before the first checkpoint: no checkpoint in {out}; the same command starts over"
 
 
 @main.command(name="eval")

@@ -224,6 +224,11 @@ class DiffusionPolicy(nn.Module):
             std = torch.tensor(s.get("std", [1.0] * dim), dtype=torch.float32)
             if mean.numel() != dim or std.numel() != dim:
                 raise ShardshipError(f"index.json stats.{name} has {mean.numel()} dims, the data has {dim}: re-pack")
+            for field, t in (("mean", mean), ("std", std)):
+                if not bool(torch.isfinite(t).all()):
+                    i = int((~torch.isfinite(t)).nonzero()[0])
+                    raise ShardshipError(f"index.json: stats.{name}.{field}[{i}] is {float(t[i])}; "
+                                         "re-run `packer pack`")
             std = torch.where(std > 1e-6, std, torch.ones_like(std))
             getattr(self, f"{name}_mean").copy_(mean)
             getattr(self, f"{name}_std").copy_(std)

@@ -1,17 +1,24 @@
 """The process around a training step: random streams (seeded, saved and restored
 for exact resume), mixed precision, batches onto the device, and the signals a
-scheduler sends before the wall clock."""
+scheduler (or ctrl-C) sends."""
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import random
 import signal
+import socket
+import sys
 from collections.abc import Generator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardship.errors import ShardshipError
+from train import ddp
 from train.data.dataset import unwrap_worker_error
 
 BATCH_KEYS = ("image", "proprio", "action", "action_mask", "weight", "joints_valid")
@@ -91,15 +98,20 @@ def batches(loader: Any) -> Generator[dict[str, torch.Tensor], None, None]:
 
 # ------------------------------------------------------------------ stop signals
 class StopFlag:
-    """SIGTERM / SIGUSR1 (scheduler warnings before the wall clock) -> finish the
-    step, checkpoint, exit 0. The flag is all-reduced so all ranks stop together."""
+    """SIGTERM / SIGUSR1 (scheduler warnings before the wall clock) and SIGINT
+    (ctrl-C; torchrun passes it on to every rank) -> finish the step, checkpoint,
+    stop. The flag is all-reduced so all ranks stop together. A second SIGINT
+    stops at once (KeyboardInterrupt): the CLI then says whether a checkpoint exists."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
     def __init__(self) -> None:
         self.reason: str | None = None
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
             if sig is not None:
                 try:
                     self._old[sig] = signal.signal(sig, self._handle)
@@ -107,8 +119,78 @@ class StopFlag:
                     pass
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.reason == "SIGINT":
+            raise KeyboardInterrupt  # ctrl-C twice: stop now, without the checkpoint
         self.reason = signal.Signals(signum).name
 
     def restore(self) -> None:
         for sig, h in self._old.items():
             signal.signal(sig, h)
+
+
+# ------------------------------------------------------------------ one run per output dir
+class OutputLock:
+    """OUT/.lock, flock'ed for a whole `train run`: a second run into the same
+    directory is refused instead of interleaving checkpoints. The kernel drops
+    the lock when the holder dies (even SIGKILL): nothing stale to clean up.
+
+    Only global rank 0 takes it (`take_output_lock`): the ranks of one torchrun
+    job share it, and with OUT on a shared file system (several nodes) a second
+    job's rank 0 is refused wherever it runs (NFS/Lustre pass flock on as a
+    cluster-wide lock). The file holds the holder's pid and host, for the message."""
+
+    NAME = ".lock"
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd, self.path = fd, path
+
+    @classmethod
+    def take(cls, out: Path) -> OutputLock | None:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / cls.NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ShardshipError(f"another `train run` (pid {holder.get('pid', '?')}, host {holder.get('host', '?')}) "
+                                 f"is writing {out}: wait for it, stop it, or use another --out") from None
+        except OSError as e:  # a file system without locks (ENOLCK): say so, train unguarded
+            os.close(fd)
+            print(f"warning: cannot lock {path} ({e.strerror}): nothing stops a second `train run` into {out}",
+                  file=sys.stderr)
+            return None
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me + b"\n", 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # the file stays: unlinking it would let two runs lock two files
+            self.fd = -1
+
+
+def _holder(fd: int) -> dict[str, Any]:
+    try:
+        d = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def take_output_lock(d: ddp.Dist, out: Path) -> OutputLock | None:
+    """Rank 0 takes OUT's lock; every rank learns whether it did, so a refused
+    job stops on all of its ranks with the same line."""
+    lock, err = None, None
+    if d.is_main:
+        try:
+            lock = OutputLock.take(out)
+        except ShardshipError as e:
+            err = str(e)
+    if d.distributed:
+        err = d.all_gather_object(err)[0]
+    if err:
+        raise ShardshipError(err)
+    return lock

@@ -80,6 +80,7 @@ class RunState:
     resumed_from: int | None = None
     metrics: IO[str] | None = None  # metrics.jsonl, rank 0 only
     samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
+    plot_warned: bool = False  # loss.png failed once and said so
 
     @property
     def device(self) -> torch.device:
@@ -98,9 +99,25 @@ class RunState:
         return RunResult(step=self.step, total_steps=self.total_steps, epoch=self.train_ds.epoch,
                          best_val=self.best_val, out=self.out, stopped=stopped, resumed_from=self.resumed_from)
 
+    def last_good(self) -> str:
+        """Which checkpoint a failed run leaves to resume from, honestly."""
+        last = self.out / "last.pt"
+        return f"{last} holds the last good state" if last.exists() else f"no checkpoint in {self.out} yet"
+
+    def check_finite(self, what: str) -> None:
+        """Refuse to go on (and to write `what`) when a weight is NaN/inf: the loss
+        diverged since the last logged step. The same answer on every rank (DDP
+        keeps the weights identical), so all ranks stop together."""
+        params = [p for m in (self.model, self.ema.module) for p in m.parameters()]
+        if bool(torch.stack([p.isfinite().all() for p in params]).all()):
+            return
+        raise ShardshipError(f"the weights are not finite at step {self.step} (the loss diverged): not writing {what}; "
+                             f"{self.last_good()}; lower lr (now {self.cfg.lr}) or raise warmup")
+
     def save(self, kind: str) -> None:
         """kind: 'periodic' (step_N + last) or 'best'. A collective (every rank's RNG
         state is gathered): all ranks call it on the same step; rank 0 writes."""
+        self.check_finite(f"the {kind} checkpoint")
         rngs = self.d.all_gather_object(rng_state(self.device))
         if not self.d.is_main:
             return

@@ -11,6 +11,9 @@ steps, at a new best validation loss and at the end (train.checkpoint lists the
 files); the run resumes from last.pt by itself, with the same step, learning
 rate, data position and random streams. metrics.jsonl and loss.png follow the
 checkpoint: a resumed run drops the lines of steps it is about to redo.
+Rank 0 holds OUT/.lock for the run (a second run into OUT is refused), no
+checkpoint is written from non-finite weights, a failed loss.png is a warning,
+and a full disk anywhere is one line and exit 3 (Exit.QUOTA).
 
 The pieces live beside this file: train.config (the [train] schema, torch-free),
 train.state (one rank's run: setup, resume, checkpoint), train.optim (AdamW, LR
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +35,22 @@ from tqdm import tqdm
 from shardship.atomic import remove_stale_temps
 from shardship.errors import ShardshipError
 from train import ddp
-from train.checkpoint import checkpoint_payload, load_checkpoint, save_checkpoint
+from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
 from train.data import ShardDataset, make_loader
 from train.metrics import METRICS, plot_metrics
 from train.optim import EMA, lr_at, lr_lambda, make_optimizer, make_scheduler
-from train.runtime import StopFlag, amp_dtype, autocast, batches, configure_device, make_scaler, rng_state, to_device
+from train.runtime import (
+    StopFlag,
+    amp_dtype,
+    autocast,
+    batches,
+    configure_device,
+    make_scaler,
+    rng_state,
+    take_output_lock,
+    to_device,
+)
 from train.state import RunResult, RunState, build_model, close_logs, open_logs, resume_run, setup_run
 
 # Besides train(): the names tests, bench/ and older callers import from train.trainer.
@@ -54,9 +68,18 @@ def train(data: str | Path, out: str | Path, cfg: TrainConfig, max_steps: int | 
     dist_ = ddp.setup(cfg.device)
     stop = StopFlag()
     stop.install()
+    lock = None
     try:
+        lock = take_output_lock(dist_, out)
         return _train(dist_, data, out, cfg, max_steps, resume, progress, stop)
+    except (OSError, RuntimeError) as e:  # a full disk anywhere (logs, plots, checkpoints): exit 3, one line
+        full = space_error(e, out)
+        if full is None:
+            raise
+        raise full from None
     finally:
+        if lock is not None:
+            lock.release()
         stop.restore()
         ddp.cleanup()
 
@@ -138,8 +161,7 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: tqdm) -> tuple[str | Non
             if run.step % cfg.checkpoint_every == 0 and run.step < end:
                 run.save("periodic")
                 last_saved = run.step
-                if run.d.is_main:
-                    plot_metrics(run.out / METRICS, run.out / "loss.png")
+                _plot(run)
             win.t0 += time.perf_counter() - t_pause
             if stopped or run.step >= end:
                 break
@@ -198,7 +220,7 @@ def _close_window(run: RunState, win: _Window, lr_used: float, gnorm: torch.Tens
         stopped = stop.reason or ("time limit" if over else "another rank was signalled")
     if not math.isfinite(mean_loss):  # same value on every rank: all stop together
         raise ShardshipError(f"training loss is {mean_loss} at step {run.step}: lower lr (now {run.cfg.lr}) "
-                             f"or raise warmup; {run.out / 'last.pt'} holds the last good state")
+                             f"or raise warmup; {run.last_good()}")
     return stopped
 
 
@@ -239,5 +261,20 @@ def _finish(run: RunState, stopped: str | None, end: int, last_saved: int) -> No
         _validate_and_keep_best(run)
     if run.step != last_saved:
         run.save("periodic")
-    if run.d.is_main:
-        plot_metrics(run.out / METRICS, run.out / "loss.png")
+    _plot(run)
+
+
+def _plot(run: RunState) -> None:
+    """loss.png on rank 0. A plot never stops a run: a failure (full disk, a broken
+    matplotlib) is one warning, the first time; later plots are tried again quietly."""
+    if not run.d.is_main:
+        return
+    png = run.out / "loss.png"
+    try:
+        plot_metrics(run.out / METRICS, png)
+    except Exception as e:  # noqa: BLE001 - any plotting failure: warn, train on
+        if not run.plot_warned:
+            run.plot_warned = True
+            why = os_error_in(e) or e
+            tqdm.write(f"warning: cannot write {png} ({getattr(why, 'strerror', None) or why}); training goes on, "
+                       "metrics.jsonl has the numbers", file=sys.stderr)

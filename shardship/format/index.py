@@ -221,7 +221,41 @@ def validate(doc: object, where: str = INDEX) -> Index:
                 raise ShardshipError(f"{where}: shard name {ref.name!r} appears twice; {REPACK}")
             seen.add(ref.name)
         shards.append(shard)
+    _check_stats(doc.get("stats"), where)
     return Index(where, columns, tuple(shards), doc)
+
+
+def _check_stats(stats: object, where: str) -> None:
+    """stats.{action,proprio}.{mean,std}: lists of finite numbers, std >= 0 (the
+    trainer normalises by them: a NaN would silently become a std of 1)."""
+    if stats is None:
+        return
+    if not isinstance(stats, dict):
+        raise ShardshipError(f"{where}: 'stats' must be an object; {REPACK}")
+    for name in ("action", "proprio"):
+        part = stats.get(name)
+        if part is None:
+            continue
+        if not isinstance(part, dict):
+            raise ShardshipError(f"{where}: stats.{name} must be an object with mean/std; {REPACK}")
+        for stat in ("mean", "std"):
+            values = part.get(stat)
+            if values is None:
+                continue
+            if not isinstance(values, list):
+                raise ShardshipError(f"{where}: stats.{name}.{stat} must be a list of numbers; {REPACK}")
+            for i, v in enumerate(values):
+                problem = None
+                if type(v) not in (int, float):
+                    problem = f"{v!r}, not a number"
+                elif v != v:
+                    problem = "NaN"
+                elif v in (float("inf"), float("-inf")):
+                    problem = "infinite"
+                elif stat == "std" and v < 0:
+                    problem = f"{v}, negative"
+                if problem:
+                    raise ShardshipError(f"{where}: stats.{name}.{stat}[{i}] is {problem}; {REPACK}")
 
 
 def _check_version(doc: dict[str, Any], where: str) -> None:

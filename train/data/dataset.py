@@ -227,20 +227,29 @@ class ShardDataset(IterableDataset):
         if hi - lo <= jn + sn + 4096:  # adjacent members: one read
             buf = os.pread(fd, hi - lo, lo)
             if len(buf) < hi - lo:
-                raise self._truncated(s, i, hi, lo + len(buf))
+                raise self._truncated(fd, s, i, hi)
             mv = memoryview(buf)
             return mv[jo - lo:jo - lo + jn], mv[so - lo:so - lo + sn]
         out = []
         for off, n in ((jo, jn), (so, sn)):
             buf = os.pread(fd, n, off)
             if len(buf) < n:
-                raise self._truncated(s, i, off + n, off + len(buf))
+                raise self._truncated(fd, s, i, off + n)
             out.append(memoryview(buf))
         return out[0], out[1]
 
-    def _truncated(self, s: int, i: int, need: int, have: int) -> ShardshipError:
-        return ShardshipError(f"shard {self.index.shard_names[s]} is truncated: sample {self.index.key(i)} needs "
-                              f"bytes up to {need}, the file ends at {have}; re-upload it (`transfer upload`)")
+    def _truncated(self, fd: int, s: int, i: int, need: int) -> ShardshipError:
+        """A read came up short: say which file is wrong. The shard shorter than
+        index.json says -> re-upload the shard; the shard as long as index.json says
+        but a sample reaching past it -> index.json is inconsistent -> re-pack."""
+        name, expected = self.index.shard_names[s], int(self.index.shard_bytes[s])
+        size = os.fstat(fd).st_size
+        if size < expected:
+            return ShardshipError(f"shard {name} is truncated: {size} bytes on disk, index.json says {expected}: "
+                                  "re-upload the shard (`transfer upload`)")
+        return ShardshipError(f"{self.index.root / 'index.json'}: sample {self.index.key(i)} needs bytes up to {need} "
+                              f"of shard {name}, which has the {size} bytes index.json gives it: index.json is "
+                              "inconsistent; re-run `packer pack`")
 
     def _decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
         h, w = out.shape[:2]
@@ -266,10 +275,24 @@ class ShardDataset(IterableDataset):
             mask[...] = d["action_mask"]
         if not d["joints_valid"]:
             proprio[...] = self._proprio_fill
+            self._check_finite(i, action=action)
             return 0.0
         if d["proprio"] is not None:
             proprio[...] = d["proprio"]
+        self._check_finite(i, action=action, proprio=proprio)
         return 1.0
+
+    def _check_finite(self, i: int, **arrays: np.ndarray) -> None:
+        """A NaN/inf in a sample would turn the weights into NaN: refuse it here, by
+        its key, before it reaches a gradient (and so a checkpoint)."""
+        for name, a in arrays.items():
+            if not np.isfinite(a).all():
+                at = tuple(int(x) for x in np.argwhere(~np.isfinite(a))[0])
+                s = int(self.index.shard[i])
+                raise ShardshipError(
+                    f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {name}{list(at)} is "
+                    f"{a[at]}: the session's poses/joints hold NaN or inf; fix or drop the session, re-run "
+                    "`packer pack`")
 
     def _bad(self, i: int, reason: str) -> ShardshipError:
         s = int(self.index.shard[i])

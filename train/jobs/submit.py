@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import posixpath
 import re
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from shardship.format import index as fmt
 from shardship.units import parse_size
 from train.jobs import checks, measure, render
 from train.jobs import log_path as job_log_path
+from train.jobs.common import comment
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
@@ -52,29 +52,26 @@ def submit_argv(spec: JobSpec) -> list[str]:
 
 
 # ---------------------------------------------------------------- TOML for the trainer
-def _toml_value(v: Any, where: str) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
+def _plain(v: Any, where: str) -> Any:
+    """Mappings as dicts and tuples as lists, as tomli_w writes them; other types
+    it cannot write are refused by key."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x, f"{where}.{k}") for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x, where) for x in v) + "]"
-    raise ShardshipError(f"{where}: cannot write {v!r} ({type(v).__name__}) into the job's config")
+        return [_plain(x, where) for x in v]
+    if v is None or not isinstance(v, (bool, int, float, str)):
+        raise ShardshipError(f"{where}: cannot write {v!r} ({type(v).__name__}) into the job's config")
+    return v
 
 
 def train_toml(train: Mapping[str, Any], source: str) -> str:
-    """The [train] section (and [train.model]) as the trainer on the cluster reads it."""
-    lines = [f"# [train] for the job, copied from {source} by `train submit`", "[train]"]
-    tables = {k: v for k, v in train.items() if isinstance(v, Mapping)}
-    for k, v in sorted(train.items()):
-        if k not in tables:
-            lines.append(f"{k} = {_toml_value(v, f'[train] {k}')}")
-    for t, sub in sorted(tables.items()):
-        lines += ["", f"[train.{t}]"]
-        lines += [f"{k} = {_toml_value(v, f'[train.{t}] {k}')}" for k, v in sorted(sub.items())]
-    return "\n".join(lines) + "\n"
+    """The [train] section (and [train.model]) as the trainer on the cluster reads
+    it, written by a real TOML writer (tomli_w): any session name, emoji, quote,
+    backslash or newline reads back as it was."""
+    import tomli_w
+
+    body = tomli_w.dumps({"train": _plain(train, "[train]")})
+    return f"# [train] for the job, copied from {comment(source)} by `train submit`\n{body}"
 
 
 # ---------------------------------------------------------------- plan + checks

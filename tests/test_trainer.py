@@ -30,6 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TORCHRUN = str(Path(PY).with_name("torchrun"))
 
+MODEL_TOML = """
+[train.model]
+obs_size = 32
+enc_channels = [8, 16, 32]
+embed_dim = 64
+proprio_embed = 16
+time_embed = 32
+unet_dims = [32, 64]
+diffusion_steps = 50
+ddim_steps = 5
+"""  # a small model: seconds per step on CPU
+
 CONFIG = """
 [train]
 batch_size = 8
@@ -44,16 +56,7 @@ log_every = 1
 log_samples = true
 seed = 3
 
-[train.model]
-obs_size = 32
-enc_channels = [8, 16, 32]
-embed_dim = 64
-proprio_embed = 16
-time_embed = 32
-unet_dims = [32, 64]
-diffusion_steps = 50
-ddim_steps = 5
-"""
+""" + MODEL_TOML
 
 
 def _env() -> dict[str, str]:

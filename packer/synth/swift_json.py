@@ -71,30 +71,15 @@ def format_float32(x: float) -> str:
     return format_double(float(digits))
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b",
+            "\f": "\\f"}  # Foundation's JSON escapes (it escapes "/" too)
+
+
 def _escape(s: str) -> str:
     out = ['"']
     for ch in s:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "/":
-            out.append("\\/")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\b":
-            out.append("\\b")
-        elif ch == "\f":
-            out.append("\\f")
-        elif o < 0x20:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(ch)
+        esc = _ESCAPES.get(ch)
+        out.append(esc if esc is not None else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 else ch)
     out.append('"')
     return "".join(out)
 

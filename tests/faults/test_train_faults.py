@@ -19,6 +19,7 @@ import pytest
 
 from shardship.errors import Exit
 from tests.datasets import copy_tree, make_packed
+from tests.test_trainer import MODEL_TOML, _env
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PY = sys.executable
@@ -36,23 +37,7 @@ val_every = 0
 log_every = {log}
 seed = 3
 
-[train.model]
-obs_size = 32
-enc_channels = [8, 16, 32]
-embed_dim = 64
-proprio_embed = 16
-time_embed = 32
-unet_dims = [32, 64]
-diffusion_steps = 50
-ddim_steps = 5
-"""
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+""" + MODEL_TOML
 
 
 def _config(tmp: Path, steps: int = 20, ckpt: int = 1000, log: int = 1, workers: int = 0) -> Path:

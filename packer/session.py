@@ -49,6 +49,7 @@ class Session:
     imu: Imu | None = None  # imu.json, read once at load (None when absent)
     frame0_epoch: float | None = None  # first guess; packer.clock refines it
     frame0_source: str = ""
+    encoder_rows: Any = None  # encoders.json as decoded at load (None when absent): read once
 
     @property
     def n_frames(self) -> int:
@@ -309,11 +310,12 @@ def _frame_clock(s: Session) -> None:
 
 
 def _encoder_span(s: Session) -> tuple[float, float] | None:
-    """(first, last) receive time in encoders.json without a full parse."""
+    """(first, last) receive time in encoders.json; the decoded rows are kept on the
+    session for `load_encoders`, so the file is read once per load."""
     p = s.file("encoders.json")
     if not p.exists():
         return None
-    rows = read_json(s.name, p)
+    rows = s.encoder_rows = read_json(s.name, p)
     try:
         t = [float(r["timestamp"]) for r in rows] if isinstance(rows, list) else []
     except (KeyError, TypeError, ValueError):
@@ -410,9 +412,10 @@ def load_imu(session: Session) -> Imu:
 def load_encoders(session: Session) -> Encoders | None:
     """The glove's joint readings on the epoch clock, or None without encoders.json."""
     p = session.file("encoders.json")
-    if not p.exists():
+    if session.encoder_rows is None and not p.exists():
         return None
+    rows = session.encoder_rows if session.encoder_rows is not None else read_json(session.name, p)
     try:
-        return encoders_from_rows(read_json(session.name, p))
+        return encoders_from_rows(rows)
     except EncoderFormatError as e:
         raise session.error(p, str(e)) from None

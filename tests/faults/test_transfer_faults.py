@@ -109,13 +109,18 @@ def _wait_for(cond, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def test_10_second_upload_is_refused_naming_the_first(sshd_home: SSHD, tmp_path: Path) -> None:
-    s = sshd_home
+def _slow_upload(s: SSHD, tmp_path: Path) -> tuple[Path, dict, Path, Path, subprocess.Popen]:
+    """A packed dir, its config, the remote dir, and a rate-limited upload of it running."""
     out = tmp_path / "packed"
     index = make_packed(out)
     cfg = write_config(tmp_path, s)
-    d = s.home / "shardship"
     first = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--bwlimit", "1M"], s)
+    return out, index, cfg, s.home / "shardship", first
+
+
+def test_10_second_upload_is_refused_naming_the_first(sshd_home: SSHD, tmp_path: Path) -> None:
+    s = sshd_home
+    out, index, cfg, d, first = _slow_upload(s, tmp_path)
     try:
         _wait_for(lambda: any(p.name.endswith(".part") for p in d.glob("*")) if d.exists() else False)
         second = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress"], s)
@@ -134,11 +139,7 @@ def test_10_second_upload_is_refused_naming_the_first(sshd_home: SSHD, tmp_path:
 
 def test_10_stale_lock_of_a_killed_upload_on_this_host_is_taken_over(sshd_home: SSHD, tmp_path: Path) -> None:
     s = sshd_home
-    out = tmp_path / "packed"
-    index = make_packed(out)
-    cfg = write_config(tmp_path, s)
-    d = s.home / "shardship"
-    first = cli(["upload", "--config", str(cfg), "--out", str(out), "--no-progress", "--bwlimit", "1M"], s)
+    out, index, cfg, d, first = _slow_upload(s, tmp_path)
     _wait_for(lambda: (d / LOCK).is_symlink() and any(p.name.endswith(".part") for p in d.iterdir()))
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)

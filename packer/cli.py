@@ -10,7 +10,7 @@ import click
 
 from shardship.cliopts import config_option, friendly_errors, host_key_option
 from shardship.config import Config, PackOptions, load_config
-from shardship.errors import Exit, SessionError, ShardshipError
+from shardship.errors import Exit, SessionError
 from shardship.pil import describe
 from shardship.units import human
 
@@ -48,7 +48,7 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
         return
     from packer.describe import describe as describe_session
     from packer.intake import extract_all
-    from packer.session import discover, load_session
+    from packer.session import discover, load_session, no_sessions
 
     cfg = _cfg(config_path)
     root = Path(raw) if raw else cfg.raw
@@ -62,8 +62,7 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
         click.echo(f"FAIL  {z}: {why}")
     paths = discover(root)
     if not paths and not bad_zips:
-        raise ShardshipError(f"no sessions under {root}: copy the app's session_*.zip exports (or session_* folders) "
-                             "there, or run `packer synth`")
+        raise no_sessions(root)
     bad = len(bad_zips)
     for p in paths:
         try:
@@ -157,8 +156,9 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
         click.echo(f"FAIL  session {name}: {why}", err=True)
     n_ok = len(r.packed) + len(r.reused)
     if not n_ok and not r.failed:
-        raise ShardshipError(f"no sessions under {raw_dir}: copy the app's session_*.zip exports (or session_* "
-                             "folders) there, or run `packer synth`")
+        from packer.session import no_sessions
+
+        raise no_sessions(raw_dir)
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
     click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")

@@ -18,7 +18,7 @@ import numpy as np
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
-from shardship.errors import SessionError
+from shardship.errors import SessionError, ShardshipError
 
 RAW_WIDTH, RAW_HEIGHT = 480, 360
 MIN_FRAMES = 2
@@ -93,10 +93,14 @@ def discover(raw: str | os.PathLike) -> list[Path]:
     A directory without rgb/ is still returned so `check` can say what is wrong."""
     root = Path(raw)
     if not root.is_dir():
-        from shardship.errors import ShardshipError
-
         raise ShardshipError(f"raw directory {root} not found: pass --raw DIR or run `packer synth --out {root}`")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def no_sessions(root: str | os.PathLike) -> ShardshipError:
+    """What `packer check` and `packer pack` say when `root` holds no session."""
+    return ShardshipError(f"no sessions under {root}: copy the app's session_*.zip exports (or session_* folders) "
+                          "there, or run `packer synth`")
 
 
 def read_json(session_name: str, path: Path) -> Any:

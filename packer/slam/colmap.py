@@ -1,7 +1,11 @@
 """Structure from motion with pycolmap (the wheel ships COLMAP; no CLI install).
 
-SIFT on the CPU, sequential matching (frames come from a video), then the global
-mapper (GLOMAP) by default or the incremental mapper. Known intrinsics from
+Correspondences come from one of two front-ends: KLT tracks (`packer.slam.tracks`,
+the default: the frames are a video, so following corners is ~10x cheaper than
+describing and matching them) written into COLMAP's database and geometrically
+verified by COLMAP, or SIFT with sequential matching (the COLMAP way, kept as the
+`--frontend sift` option and the benchmark's baseline). Then the global mapper
+(GLOMAP) by default or the incremental mapper. Known intrinsics from
 calib.txt fix a PINHOLE camera and are not refined. The largest model wins; the
 sizes of the others are reported. Everything runs in a scratch directory that is
 removed afterwards: the session directory only ever receives the final poses."""
@@ -16,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.slam.tracks import Tracks
+
 MAPPERS = ("global", "incremental")
+FRONTENDS = ("klt", "sift")
 
 
 class SfmError(ValueError):
@@ -26,6 +33,7 @@ class SfmError(ValueError):
 @dataclass
 class SfmOptions:
     mapper: str = "global"
+    frontend: str = "klt"  # "klt" (tracks given to `reconstruct`) | "sift"
     threads: int = 2
     max_features: int = 2048
     first_octave: int = 0  # 0: native resolution; -1 upsamples (about 3x slower)
@@ -33,7 +41,8 @@ class SfmOptions:
     seed: int = 0
     tracks_per_view: int = 200  # GLOMAP global positioning: tracks kept per image (speed)
     retriangulate: bool = True  # GLOMAP retriangulation + refinement: ~3-7x lower ATE, steadier scale
-    min_features: int = 64  # median SIFT features per image below this -> "no texture"
+    min_features: int = 64  # median features (SIFT or tracked corners) per image below this -> "no texture"
+    verify_trials: int = 20  # KLT: RANSAC trials at least (tracks are forward-backward checked: few outliers)
 
 
 @dataclass
@@ -85,9 +94,11 @@ def reconstruct(
     options: SfmOptions | None = None,
     stage: Callable[[str], None] | None = None,
     workdir: Path | None = None,
+    tracks: Tracks | None = None,
 ) -> SfmModel:
     """SfM over `image_names` (relative to image_dir); returns the largest model.
-    `stage(name)` is called as each stage starts (progress bars)."""
+    `tracks` (KLT front-end: what each of those images sees) replaces SIFT and
+    matching. `stage(name)` is called as each stage starts (progress bars)."""
     import pycolmap
 
     opt = options or SfmOptions()
@@ -105,38 +116,22 @@ def reconstruct(
             reader.camera_params = ",".join(f"{v:.9g}" for v in intrinsics)
         else:
             reader.camera_model = "SIMPLE_RADIAL"
-        extraction = pycolmap.FeatureExtractionOptions()
-        extraction.num_threads = opt.threads
-        extraction.use_gpu = False
-        extraction.sift.max_num_features = opt.max_features
-        extraction.sift.first_octave = opt.first_octave
-        note("features")
-        pycolmap.extract_features(
-            db,
-            image_dir,
-            image_names=image_names,
-            camera_mode=pycolmap.CameraMode.SINGLE,
-            reader_options=reader,
-            extraction_options=extraction,
-            device=pycolmap.Device.cpu,
-        )
-        counts = _feature_counts(db)
+        if tracks is None:
+            note("features")
+            _sift_features(pycolmap, db, image_dir, image_names, reader, opt)
+        counts = _feature_counts(db) if tracks is None else [len(p) for p in tracks.points]
         median_features = float(np.median(counts)) if counts else 0.0
         if median_features < opt.min_features:
             raise SfmError(
-                f"frames have almost no features (median {median_features:.0f} SIFT keypoints per "
-                f"keyframe, need {opt.min_features}): blank, blurred or textureless images"
+                f"frames have almost no features (median {median_features:.0f} "
+                f"{'SIFT keypoints' if tracks is None else 'tracked corners'} per keyframe, need "
+                f"{opt.min_features}): blank, blurred or textureless images"
             )
         note("matching")
-        matching = pycolmap.FeatureMatchingOptions()
-        matching.num_threads = opt.threads
-        matching.use_gpu = False
-        pairing = pycolmap.SequentialPairingOptions()
-        pairing.overlap = opt.overlap
-        pairing.num_threads = opt.threads
-        pycolmap.match_sequential(
-            db, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu
-        )
+        if tracks is None:
+            _sift_matching(pycolmap, db, opt)
+        else:
+            _track_matches(pycolmap, db, image_dir, image_names, reader, tracks, opt)
         note(f"mapping ({opt.mapper})")
         models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=intrinsics is not None)
         if not models:
@@ -148,6 +143,61 @@ def reconstruct(
         model.n_images = len(image_names)
         model.median_features = median_features
         return model
+
+
+def _sift_features(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, opt: SfmOptions) -> None:
+    extraction = pycolmap.FeatureExtractionOptions()
+    extraction.num_threads = opt.threads
+    extraction.use_gpu = False
+    extraction.sift.max_num_features = opt.max_features
+    extraction.sift.first_octave = opt.first_octave
+    pycolmap.extract_features(
+        db,
+        image_dir,
+        image_names=image_names,
+        camera_mode=pycolmap.CameraMode.SINGLE,
+        reader_options=reader,
+        extraction_options=extraction,
+        device=pycolmap.Device.cpu,
+    )
+
+
+def _sift_matching(pycolmap, db: Path, opt: SfmOptions) -> None:
+    matching = pycolmap.FeatureMatchingOptions()
+    matching.num_threads = opt.threads
+    matching.use_gpu = False
+    pairing = pycolmap.SequentialPairingOptions()
+    pairing.overlap = opt.overlap
+    pairing.num_threads = opt.threads
+    pycolmap.match_sequential(db, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu)
+
+
+def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, tracks: Tracks,
+                   opt: SfmOptions) -> None:
+    """Images, tracked corners as keypoints and shared tracks as matches between
+    each keyframe and the next `overlap` ones, then COLMAP's geometric verification
+    (E / F / H by RANSAC: the two-view geometries GLOMAP and `_diagnose` read)."""
+    pycolmap.Database.open(str(db)).close()  # import_images wants the file to exist
+    pycolmap.import_images(db, image_dir, pycolmap.CameraMode.SINGLE, image_names, reader)
+    d = pycolmap.Database.open(str(db))
+    try:
+        ids = {im.name: im.image_id for im in d.read_all_images()}
+        iid = [ids[n] for n in image_names]
+        for a in range(len(image_names)):
+            d.write_keypoints(iid[a], tracks.points[a])
+            for b in range(a + 1, min(a + 1 + opt.overlap, len(image_names))):
+                m = tracks.matches(a, b)
+                if len(m) >= 15:
+                    d.write_matches(iid[a], iid[b], m)
+    finally:
+        d.close()
+    verifier = pycolmap.GeometricVerifierOptions()
+    verifier.num_threads = opt.threads
+    two_view = pycolmap.TwoViewGeometryOptions()
+    two_view.ransac.min_num_trials = opt.verify_trials
+    two_view.ransac.random_seed = opt.seed
+    two_view.detect_watermark = False  # a watermark moves with the image; tracked corners on one are outliers anyway
+    pycolmap.geometric_verification(db, verifier, two_view_geometry_options=two_view)
 
 
 def _feature_counts(db: Path) -> list[int]:

@@ -19,11 +19,12 @@ import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
-from packer.slam.colmap import MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct
+from packer.slam.colmap import FRONTENDS, MAPPERS, SfmError, SfmModel, SfmOptions, reconstruct
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.scale import ScaleOptions
 from packer.slam.scale_methods import SCALE_METHODS, metric_scale  # SCALE_METHODS re-exported by packer.slam
+from packer.slam.tracks import TrackOptions, Tracks, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
 
@@ -33,7 +34,11 @@ STAGES = ("check", "features", "matching", "mapping", "scale", "write")
 @dataclass
 class SlamOptions:
     mapper: str = "global"  # "global" (GLOMAP) | "incremental"
-    keyframe_step: int = 3  # SfM on every Nth frame; the others are interpolated
+    frontend: str = "klt"  # "klt" (tracked corners, keyframes by parallax) | "sift" (every Nth frame, matched)
+    keyframe_step: int | None = None  # klt: a keyframe candidate every N frames (None: 0.1 s); sift: SfM on every Nth
+    min_parallax_px: float = 16.0  # klt: a candidate becomes a keyframe once its tracks moved this far (median)
+    max_tracks: int = 400  # klt: corners tracked per frame
+    max_keyframe_gap: float = 0.2  # klt: seconds; cubic interpolation over 0.2 s of hand motion errs ~1 mm
     scale: str = "imu"  # "imu" | "marker" | "known-distance" | "none"
     marker_size: float | None = None  # metres, --scale marker
     marker_dict: str = "DICT_4X4_50"
@@ -44,8 +49,8 @@ class SlamOptions:
     threads: int = 2  # per session (SIFT, matching, mapper)
     max_features: int = 2048
     first_octave: int = 0  # 0: SIFT at native resolution (-1 upsamples: 3x slower, no better here)
-    overlap: int = 5  # sequential matching window (keyframes)
-    tracks_per_view: int = 200  # GLOMAP: tracks kept per image for global positioning
+    overlap: int | None = None  # keyframes matched with the next N (None: klt 2, sift 5)
+    tracks_per_view: int = 60  # GLOMAP: tracks kept per image for global positioning (cost ~ tracks)
     retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
     min_frames: int = 10
     min_registered: float = 0.5  # refuse below this registered fraction
@@ -60,7 +65,9 @@ class SlamOptions:
             raise ShardshipError(f"--mapper must be one of {', '.join(MAPPERS)}, got {self.mapper!r}")
         if self.scale not in SCALE_METHODS:
             raise ShardshipError(f"--scale must be one of {', '.join(SCALE_METHODS)}, got {self.scale!r}")
-        if self.keyframe_step < 1:
+        if self.frontend not in FRONTENDS:
+            raise ShardshipError(f"--frontend must be one of {', '.join(FRONTENDS)}, got {self.frontend!r}")
+        if self.keyframe_step is not None and self.keyframe_step < 1:
             raise ShardshipError("--keyframe-step must be >= 1")
         if self.scale == "marker" and not (self.marker_size and self.marker_size > 0):
             raise ShardshipError("--scale marker needs --marker-size METRES (the printed marker's side length)")
@@ -80,11 +87,19 @@ class SlamOptions:
         return d
 
     def sfm_options(self) -> SfmOptions:
+        overlap = self.overlap if self.overlap is not None else (2 if self.frontend == "klt" else 5)
         return SfmOptions(
-            mapper=self.mapper, threads=self.threads, max_features=self.max_features,
-            first_octave=self.first_octave, overlap=self.overlap, seed=self.seed,
+            mapper=self.mapper, frontend=self.frontend, threads=self.threads, max_features=self.max_features,
+            first_octave=self.first_octave, overlap=overlap, seed=self.seed,
             tracks_per_view=self.tracks_per_view, retriangulate=self.retriangulate,
         )
+
+    def step_for(self, fps: float) -> int:
+        """Frames between keyframe candidates (klt) or keyframes (sift): the option, else
+        0.1 s of video for klt (6 frames at 60 fps, 3 at 30) and 3 frames for sift."""
+        if self.keyframe_step is not None:
+            return self.keyframe_step
+        return max(1, round(fps / 10)) if self.frontend == "klt" else 3
 
     @classmethod
     def from_config(cls, slam_section: dict[str, Any], scale_section: dict[str, Any],
@@ -256,7 +271,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "version": store.SLAM_VERSION,
         "fingerprint": fp,
         "mapper": opts.mapper,
-        "keyframe_step": opts.keyframe_step,
+        "frontend": opts.frontend,
+        "keyframe_step": opts.step_for(_fps(session)),
         "keyframes": len(kpos),
         "registered_keyframes": len(key_pos),
         "registered_fraction": reg_frac,
@@ -299,11 +315,25 @@ def _reconstruct_keyframes(
     """SfM on the keyframes: (keyframe positions, model, registered positions,
     their camera-to-world (M,4,4)). Refuses a reconstruction that registered too
     few keyframes: scale and interpolation over the gaps would be guesses."""
-    kpos = keyframe_positions(session.n_frames, opts.keyframe_step)
+    step = opts.step_for(_fps(session))
+    tracks: Tracks | None = None
+    if opts.frontend == "klt":
+        stages("features (tracking)")
+        try:
+            fps = _fps(session)
+            skip = max(0, int(np.floor(opts.max_keyframe_gap * fps / step + 1e-6)) - 1)
+            topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip)
+            tracks = track_keyframes(session.frame_paths, step, topt)
+        except OSError as e:
+            raise session.error("rgb/", str(e)) from None
+        kpos = np.asarray(tracks.keyframes, dtype=np.int64)
+    else:
+        kpos = keyframe_positions(session.n_frames, step)
     names = [session.frame_paths[i].name for i in kpos]
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
     try:
-        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages)
+        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages,
+                            tracks=tracks)
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     key_pos, key_T = _registered(model, names, kpos)
@@ -315,6 +345,13 @@ def _reconstruct_keyframes(
             f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
         )
     return kpos, model, key_pos, key_T
+
+
+def _fps(session: Session) -> float:
+    """Frames per second from the frame clock (the median spacing: robust to a dropped frame)."""
+    dt = np.diff(session.timestamps)
+    dt = dt[dt > 0]
+    return float(1.0 / np.median(dt)) if len(dt) else 60.0
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:

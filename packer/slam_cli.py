@@ -21,8 +21,12 @@ from shardship.errors import Exit, ShardshipError
               help="shardship.toml ([slam] and [scale] sections give defaults)")
 @click.option("--mapper", type=click.Choice(["global", "incremental"]), default=None,
               help="global (GLOMAP, default, fast) or incremental")
+@click.option("--frontend", type=click.Choice(["klt", "sift"]), default=None,
+              help="klt (default): corners tracked through the video, keyframes chosen by parallax; "
+                   "sift: SIFT + sequential matching on every Nth frame (slower; the old default)")
 @click.option("--keyframe-step", type=click.IntRange(min=1), default=None,
-              help="run SfM on every Nth frame (default 3); the others are interpolated")
+              help="klt: a keyframe candidate every N frames (default: 0.1 s of video); sift: SfM on every "
+                   "Nth frame (default 3). The other frames are interpolated")
 @click.option("--scale", "scale_method", type=click.Choice(["imu", "marker", "known-distance", "none"]),
               default=None, help="metric scale from the IMU (default), an ArUco marker, a known distance, or none")
 @click.option("--marker-size", type=float, default=None, help="ArUco marker side length in metres (--scale marker)")
@@ -35,12 +39,12 @@ from shardship.errors import Exit, ShardshipError
 @click.option("--force", is_flag=True, default=False, help="recompute even when cached")
 @click.option("--quiet", is_flag=True, default=False, help="no progress bars")
 def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapper: str | None,
-         keyframe_step: int | None, scale_method: str | None, marker_size: float | None,
+         frontend: str | None, keyframe_step: int | None, scale_method: str | None, marker_size: float | None,
          marker_dict: str | None, known_distance: str | None, plot: bool, jobs: int | None,
          threads: int | None, force: bool, quiet: bool) -> None:
     """Camera poses in metres for each session: pycolmap SfM + IMU scale calibration."""
     try:
-        code = _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_size, marker_dict,
+        code = _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
                     known_distance, plot, jobs, threads, force, quiet)
     except ShardshipError as e:
         click.echo(f"error: {e}", err=True)
@@ -48,7 +52,7 @@ def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapp
     sys.exit(code)
 
 
-def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_size, marker_dict,
+def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
          known_distance, plot, jobs, threads, force, quiet) -> int:
     from packer.session import discover
     from packer.slam import SlamOptions, slam_sessions
@@ -56,7 +60,7 @@ def _run(raw, only, config_path, mapper, keyframe_step, scale_method, marker_siz
 
     cfg = load_config(config_path)
     opts = SlamOptions.from_config(
-        cfg.slam, cfg.scale, mapper=mapper, keyframe_step=keyframe_step, scale=scale_method,
+        cfg.slam, cfg.scale, mapper=mapper, frontend=frontend, keyframe_step=keyframe_step, scale=scale_method,
         marker_size=marker_size, marker_dict=marker_dict, known_distance=known_distance,
         threads=threads, plot=plot or None, force=force or None, progress=False if quiet else None,
     )

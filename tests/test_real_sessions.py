@@ -66,7 +66,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory):
     write_user_slam(raw / E, first=12, last=70, scale="auto")
     originals = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in raw.iterdir() if p.is_file()}
     user_poses = {n: (raw / n / "poses.json").read_bytes() for n in (B, C, E, F)}
-    opts = SlamOptions(keyframe_step=2, progress=False)
+    opts = SlamOptions(progress=False)
 
     def prepare(sessions):
         return {r.session: r.message for r in slam_sessions([s.path for s in sessions], opts) if r.failed}

@@ -26,7 +26,7 @@ HAND_SEED = 11
 
 
 def fast(**kw) -> SlamOptions:
-    return SlamOptions(keyframe_step=2, progress=False, **kw)
+    return SlamOptions(progress=False, **kw)  # the defaults a user runs
 
 
 def accuracy(session_dir: Path) -> dict[str, float]:
@@ -195,7 +195,7 @@ def test_cli_reports_each_bad_session_in_one_line(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     expected = _bad_sessions(raw)
-    res = CliRunner().invoke(slam, ["--raw", str(raw), "--keyframe-step", "2", "--jobs", "2", "--quiet"])
+    res = CliRunner().invoke(slam, ["--raw", str(raw), "--jobs", "2", "--quiet"])
     assert isinstance(res.exception, SystemExit), res.exception  # no uncaught error
     assert res.exit_code == 1, res.output
     assert "Traceback" not in res.output

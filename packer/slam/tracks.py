@@ -36,7 +36,7 @@ class TrackOptions:
     win: int = 15  # LK window (px)
     levels: int = 3  # LK pyramid levels
     fb_max_px: float = 1.0  # forward-backward consistency
-    min_parallax_px: float = 8.0  # median track motion that makes a candidate a keyframe
+    min_parallax_px: float = 16.0  # median track motion that makes a candidate a keyframe
     max_gap: int = 1  # candidates: at most this many skipped in a row
     min_survival: float = 0.7  # keep a keyframe when fewer of its tracks survive
 

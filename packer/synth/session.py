@@ -56,8 +56,10 @@ def synth_session(
     folder, or `out_dir/name.zip` with `export="zip"`).
 
     n_frames: frames captured (indices 0..n_frames-1, minus `drop_frames`).
-    motion: "hand" (default), "rotation-only" (fixed centre: metric scale is not
-    observable and must be refused), "static" (every frame identical).
+    motion: "hand" (default), "weak" (the hand path at 0.3 of its size: scale still
+    observable, with a fifth of the acceleration), "rotation-only" (fixed centre:
+    metric scale is not observable and must be refused), "static" (every frame
+    identical).
     imu_offset: seconds of extra IMU latency (CoreMotion's main-queue handler stamps
     with Date(): a few ms after the sample; default 8 ms against the glove's 5 ms
     minimum BLE latency. The difference is not observable from the data, so it is

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 GRAVITY = 9.80665
-MOTIONS = ("hand", "rotation-only", "static")
+MOTIONS = ("hand", "weak", "rotation-only", "static")
+WEAK = 0.3  # "weak": the hand path at this fraction of its size
 
 def hat(v: np.ndarray) -> np.ndarray:
     """Skew-symmetric matrix of a 3-vector (cross-product operator)."""
@@ -115,6 +116,9 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
     of 0.1-0.25 g (enough for the IMU to make scale observable), and 10-25 deg of
     rotation around keeping `target` in view.
 
+    "weak": the same draws with the path at WEAK (0.3) of its size: 5-15 cm of
+    travel, RMS motion acceleration ~0.25 m/s^2 (a hand that barely moves; the IMU
+    still fixes the scale, but with a fifth of the signal over the same noise);
     "rotation-only": the same rotation with the centre fixed (scale unobservable);
     "static": a fixed pose (every frame identical)."""
     if motion not in MOTIONS:
@@ -127,7 +131,9 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
     rot_amp = rng.uniform(0.02, 0.07, (K, 3))
     rot_freq = rng.uniform(0.1, 0.8, (K, 3))
     rot_phase = rng.uniform(0, 2 * np.pi, (K, 3))
-    if motion != "hand":
+    if motion == "weak":
+        pos_amp = pos_amp * WEAK
+    elif motion != "hand":
         pos_amp = np.zeros_like(pos_amp)
     if motion == "static":
         rot_amp = np.zeros_like(rot_amp)

@@ -1,6 +1,6 @@
 """Pure math of the SLAM stage on analytic trajectories (no images, no pycolmap):
 rotations, interpolation, Procrustes / Umeyama, IMU clock offset + camera-IMU
-rotation, the preintegration scale solve and its refusals, the reference heuristic,
+rotation, the windowed IMU-integral scale solve and its refusals, the reference heuristic,
 ArUco PnP on a warped marker image."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from packer.slam.rotations import (
     so3_log,
     umeyama,
 )
-from packer.slam.scale import ScaleOptions, ScaleRefused, preintegrate, solve_scale
+from packer.slam.scale import ImuTrack, ScaleOptions, ScaleRefused, cumulative_rotations, solve_scale
 
 G = 9.80665
 
@@ -219,13 +219,35 @@ def _solve(d, **opts):
                        gyro_bias=al.gyro_bias, options=ScaleOptions(**opts))
 
 
-def test_preintegration_matches_constant_acceleration_kinematics():
-    t = np.linspace(0.0, 1.0, 201)
-    acc = np.tile([1.0, -2.0, 0.5], (len(t), 1))
-    pre = preintegrate(t, acc, np.zeros((len(t), 3)), 0.1, 0.6)
-    assert np.allclose(pre.dV, [0.5, -1.0, 0.25])
-    assert np.allclose(pre.dP, 0.5 * np.array([1.0, -2.0, 0.5]) * 0.25)
-    assert np.allclose(pre.Jv, 0.5 * np.eye(3)) and np.allclose(pre.Jp, 0.125 * np.eye(3))
+def test_imu_integrals_match_kinematics_and_rotate_with_the_gyro():
+    """Constant body acceleration while turning at a constant rate: the gyro
+    orientation is Exp(w t), and the double integral of R_g a is the closed form."""
+    t = np.linspace(0.0, 2.0, 401)
+    w = np.array([0.0, 0.0, 0.7])
+    a = np.array([1.0, -2.0, 0.5])
+    imu = ImuTrack(t, np.tile(a, (len(t), 1)), np.tile(w, (len(t), 1)))
+    ts = np.array([0.3, 1.234, 2.0])
+    assert np.allclose(imu.orientation(ts), so3_exp(ts[:, None] * w), atol=1e-12)
+    i1, i2 = imu.integrals(ts)
+    c, s_ = np.cos(0.7 * ts), np.sin(0.7 * ts)
+    vx = (a[0] * s_ + a[1] * (c - 1)) / 0.7  # integral of Rz(0.7 t) a, x and y
+    vy = (a[1] * s_ - a[0] * (c - 1)) / 0.7
+    assert np.allclose(i1[:, :3], np.column_stack([vx, vy, a[2] * ts]), atol=1e-5)
+    px = (a[0] * (1 - c) + a[1] * (s_ - 0.7 * ts)) / 0.49
+    py = (a[1] * (1 - c) - a[0] * (s_ - 0.7 * ts)) / 0.49
+    assert np.allclose(i2[:, :3], np.column_stack([px, py, 0.5 * a[2] * ts**2]), atol=1e-5)
+    # the bias Jacobian channels integrate R_g itself: at t = 0 rate it is t^2/2 I
+    still = ImuTrack(t, np.zeros((len(t), 3)), np.zeros((len(t), 3)))
+    assert np.allclose(still.integrals(ts)[1][:, 3:].reshape(-1, 3, 3), 0.5 * ts[:, None, None] ** 2 * np.eye(3))
+
+
+def test_cumulative_rotations_is_the_running_product():
+    rng = np.random.default_rng(3)
+    steps = so3_exp(rng.normal(size=(37, 3)) * 0.3)
+    running = [steps[0]]
+    for S in steps[1:]:
+        running.append(running[-1] @ S)
+    assert np.allclose(cumulative_rotations(steps), np.stack(running), atol=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -279,7 +301,7 @@ def test_scale_refused_when_imu_belongs_to_another_video():
 def test_heuristic_is_right_without_rotation_and_worse_than_the_solve_with_it():
     """The reference heuristic (the benchmark's baseline): fine when the camera only
     translates on an aligned clock; with rotation and a clock offset it is less
-    accurate than the preintegration solve."""
+    accurate than the scale solve."""
     still = make_data(seed=14, rot=0.0, offset=0.0)
     assert heuristic_scale(still["kt"], still["p"], still["it"], still["acc"]) == pytest.approx(still["s"], rel=0.05)
     turning = make_data(seed=14, rot=4.0, offset=0.06)
@@ -351,9 +373,9 @@ def test_known_distance_parse_and_scale():
     assert scale_from_known_distance(np.zeros(3), np.array([0, 3.0, 4.0]), 0.5) == pytest.approx(0.1)
 
 
-def test_scale_solve_long_session_is_chunked_and_accurate():
-    """A minute of data: velocities are eliminated per 20 s chunk; same answer, small solves."""
+def test_scale_solve_long_session_is_windowed_and_accurate():
+    """A minute of data: 30 windows of 2 s, each a small solve; the one scale is as accurate."""
     d = make_data(seed=17, dur=60.0)
     r = _solve(d)
-    assert r.n_intervals > 250
+    assert r.n_windows == 30
     assert r.scale == pytest.approx(d["s"], rel=0.005)

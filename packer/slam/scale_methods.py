@@ -76,7 +76,9 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "accel_sign": sr.accel_sign,
         "gravity_sfm": sr.gravity,
         "accel_bias": sr.accel_bias,
-        "scale_intervals": sr.n_intervals,
+        "scale_windows": sr.n_windows,
+        "scale_keyframes": sr.n_keyframes,
+        "imu_noise_ratio": sr.imu_noise_ratio,
     }
 
 

@@ -12,16 +12,24 @@ the gyro and the visual side filtered identically, so the offset is unbiased.
 2. rotation: orthogonal Procrustes (Kabsch) of visual vs gyro increments, with a
    constant gyro bias re-estimated in turn;
 3. fine offset: 1-D search of the vector residual around the coarse peak, with the
-   rotation re-fitted at each candidate, and a parabola through the minimum.
+   rotation re-fitted at each candidate, and a parabola through the minimum;
+4. bias and rotation refined on absolute orientations (`refine_by_orientation`):
+   every keyframe's SfM rotation against the gyro integrated from the start, not
+   just against its neighbour, which makes the bias 3-4x more precise (the scale
+   solve integrates the gyro over seconds; with gravity in the accelerometer a
+   1e-3 rad tilt is 1 cm/s^2 of false acceleration).
+
+`ImuTrack` is the IMU integrated once (gyro orientation, cumulative integrals of
+the rotated accelerometer), shared by step 4 and the scale solve.
 
 No axis convention is assumed anywhere: R_ic comes out of the data."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from packer.slam.rotations import procrustes_rotation, so3_log
+from packer.slam.rotations import cumulative_rotations, procrustes_rotation, rotation_mean, slerp, so3_exp, so3_log
 
 
 class AlignmentError(ValueError):
@@ -55,6 +63,45 @@ class GyroIntegral:
     def increment(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """(M,3) integral of the gyro over [a_i, b_i] (IMU clock)."""
         return self.at(b) - self.at(a)
+
+
+class ImuTrack:
+    """The IMU on the frame clock, integrated once: the gyro orientation R_g(t)
+    (relative to the first sample), f = [R_g a, R_g] (12 channels) and its first and
+    second cumulative integrals, exact for f linear between samples; noise2 is the
+    accelerometer's white-noise variance per sample (3 axes), from second differences."""
+
+    def __init__(self, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray):
+        self.t = np.asarray(t, dtype=np.float64)
+        h = np.diff(self.t)
+        Q = np.empty((len(self.t), 3, 3))
+        Q[0] = np.eye(3)
+        Q[1:] = cumulative_rotations(so3_exp(0.5 * (gyr[1:] + gyr[:-1]) * h[:, None]))
+        self.Q = Q
+        self.noise2 = float(np.mean(np.sum(np.diff(acc, 2, axis=0) ** 2, axis=1))) / 6.0 if len(acc) > 2 else 0.0
+        f = np.concatenate([np.einsum("nij,nj->ni", Q, acc), Q.reshape(-1, 9)], axis=1)
+        self.f = f
+        hh = h[:, None]
+        self.c1 = np.vstack([np.zeros((1, 12)), np.cumsum(hh * (f[:-1] + f[1:]) / 2, axis=0)])
+        step2 = hh * self.c1[:-1] + hh**2 * (2 * f[:-1] + f[1:]) / 6
+        self.c2 = np.vstack([np.zeros((1, 12)), np.cumsum(step2, axis=0)])
+
+    def _seg(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = np.clip(np.searchsorted(self.t, ts, side="right") - 1, 0, len(self.t) - 2)
+        h = (self.t[k + 1] - self.t[k])[:, None]
+        return k, (ts - self.t[k])[:, None], (self.f[k + 1] - self.f[k]) / h
+
+    def integrals(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first, second) integrals of f from the first sample to each of ts, (M,12)."""
+        k, u, m = self._seg(np.asarray(ts, dtype=np.float64))
+        f = self.f[k]
+        i1 = self.c1[k] + f * u + m * u**2 / 2
+        i2 = self.c2[k] + self.c1[k] * u + f * u**2 / 2 + m * u**3 / 6
+        return i1, i2
+
+    def orientation(self, ts: np.ndarray) -> np.ndarray:
+        k, u, _m = self._seg(np.asarray(ts, dtype=np.float64))
+        return slerp(self.Q[k], self.Q[k + 1], u[:, 0] / (self.t[k + 1] - self.t[k]))
 
 
 def visual_increments(
@@ -210,4 +257,49 @@ def align_imu(
         raise AlignmentError(
             "the camera rotates about a single axis only: the camera-IMU rotation is not observable"
         )
-    return ImuAlignment(best, R, bias, rms, corr, n, rot_rms)
+    al = ImuAlignment(best, R, bias, rms, corr, n, rot_rms)
+    return refine_by_orientation(key_ts, R_wc, imu_t, gyro, al, estimate_bias=estimate_bias)
+
+
+def refine_by_orientation(
+    key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gyro: np.ndarray, al: ImuAlignment,
+    estimate_bias: bool = True, iters: int = 2, prior_rot: float = 0.02, prior_bias: float = 0.002,
+) -> ImuAlignment:
+    """Step 4: gyro bias and camera-IMU rotation refined on absolute orientations.
+
+    R_wc R_ci R_g(t)^T, with R_g the bias-corrected gyro integrated from the first
+    sample, must be one constant rotation; to first order its log at keyframe j is
+    a - K(t_j) beta + R_g(t_j) delta, K = the integral of R_g, for a bias correction
+    beta and a rotation correction R_ic <- Exp(delta) R_ic. One linear least squares
+    over every keyframe (a weak prior, `prior_rot` rad and `prior_bias` rad/s, keeps
+    a direction the motion leaves unobservable where steps 1-3 put it). Increments
+    over single keyframe intervals leave the bias ~5e-4 rad/s off, which over a few
+    seconds tilts the gyro frame by milliradians: cm/s^2 of false acceleration once
+    the accelerometer carries gravity."""
+    t = np.asarray(imu_t, dtype=np.float64) - al.offset
+    key_ts = np.asarray(key_ts, dtype=np.float64)
+    inside = (key_ts >= t[0]) & (key_ts <= t[-1])
+    if inside.sum() < 3:
+        return al
+    kt, Rw = key_ts[inside], np.asarray(R_wc, dtype=np.float64)[inside]
+    bias, R_ic = np.asarray(al.gyro_bias, dtype=np.float64), al.R_ic
+    n = len(kt)
+    for _ in range(iters):
+        track = ImuTrack(t, np.zeros((len(t), 3)), np.asarray(gyro, dtype=np.float64) - bias)
+        Rg = track.orientation(kt)
+        anchors = Rw @ R_ic.T @ np.swapaxes(Rg, -1, -2)
+        r = so3_log(np.swapaxes(rotation_mean(anchors), -1, -2) @ anchors).reshape(-1)
+        cols = [np.tile(np.eye(3), (n, 1)), Rg.reshape(3 * n, 3)]
+        if estimate_bias:
+            cols.append(-track.integrals(kt)[0][:, 3:].reshape(3 * n, 3))
+        D = np.hstack(cols)
+        res = r - D @ np.linalg.lstsq(D, r, rcond=None)[0]
+        sigma = float(np.sqrt(res @ res / max(3 * n - D.shape[1], 1)))
+        prior = np.zeros((D.shape[1] - 3, D.shape[1]))
+        scales = [prior_rot] * 3 + ([prior_bias] * 3 if estimate_bias else [])
+        prior[:, 3:] = np.diag([max(sigma, 1e-9) / p for p in scales])
+        z = np.linalg.lstsq(np.vstack([D, prior]), np.concatenate([r, np.zeros(len(prior))]), rcond=None)[0]
+        R_ic = so3_exp(z[3:6]) @ R_ic
+        if estimate_bias:
+            bias = bias + z[6:9]
+    return replace(al, R_ic=R_ic, gyro_bias=bias)

@@ -79,6 +79,23 @@ def matrix_from_quat(q: np.ndarray) -> np.ndarray:
     )
 
 
+def cumulative_rotations(steps: np.ndarray) -> np.ndarray:
+    """(N,3,3) prefix products S_0 S_1 ... S_k of (N,3,3) rotations, by a log-depth
+    scan (vectorised: a 10-minute 200 Hz recording is 17 batched matmuls)."""
+    P = np.array(steps, dtype=np.float64)
+    d = 1
+    while d < len(P):
+        P[d:] = P[:-d] @ P[d:]
+        d *= 2
+    return P
+
+
+def rotation_mean(Rs: np.ndarray) -> np.ndarray:
+    """Chordal L2 mean of (N,3,3) rotations: the rotation nearest their sum."""
+    U, _S, Vt = np.linalg.svd(np.asarray(Rs, dtype=np.float64).sum(axis=0))
+    return U @ np.diag([1.0, 1.0, np.sign(np.linalg.det(U @ Vt)) or 1.0]) @ Vt
+
+
 def slerp(R0: np.ndarray, R1: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Geodesic interpolation R0 Exp(u Log(R0^T R1)) for u in [0, 1], broadcast over (...)."""
     d = so3_log(np.swapaxes(R0, -1, -2) @ R1)

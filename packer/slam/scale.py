@@ -4,30 +4,40 @@ With the IMU at the camera centre, the SfM centres p (arbitrary units) follow
 p(t) = k x(t), k = 1/s, and the metric path x has x'' = R_w(t) (a(t) - b) + g: the
 accelerometer a (IMU frame, bias b) rotated into the SfM world, plus gravity when the
 accelerometer carries it ('raw'; the app's gravity-removed userAcceleration has
-none, so g is not an unknown there). Over a window of keyframes (`window` s) that
-integrates to
+none, so g is not an unknown there). Over a window of keyframes (`window`, 4 s)
+that integrates to
 
     p_j = q0 + u0 (t_j - t0) + k D(t_j) - J(t_j) (k b) + 1/2 (t_j - t0)^2 (k g)  + e_j
 
-with D = the double integral of R_w a and J that of R_w (both from the IMU alone);
-q0, u0 (window start position and velocity) are free per window. The SfM positions
-are the dependent variable and the IMU the regressor, the side with the small error:
-regressing IMU on SfM instead (position differences / dt^2 as the regressor) biases s
-towards zero by the SfM noise share, which on weak motion is tens of percent.
+with D the double integral of R_w a and J that of R_w (the IMU alone); q0, u0 (the
+window's start position and velocity) are free per window. Why this way round:
+the SfM positions are the dependent variable and the IMU the regressor, the side
+with the small error. The solve this replaced regressed IMU preintegrals on SfM
+differences / dt^2 over 0.2 s intervals, which puts the SfM jitter in the
+regressor and biases s towards zero by the jitter's share of the signal (-9% on a
+weak 6 s session at 1 mm jitter); its std, inflated by an overlap factor, was 3x
+the real scatter there. Windows of seconds also keep what slow motion says about
+the scale, which 0.2 s intervals lose to the free velocities, and need no regular
+keyframe spacing.
 
-R_w(t) = A R_g(t): R_g integrates the (bias-corrected) gyro once over the recording,
-and the anchor A, which absorbs its slow drift, is the chordal mean of
-R_wc R_ci R_g^T over the keyframes within `anchor_span` s of the window, so the SfM
-rotation noise averages out. Every integral comes from cumulative sums (exact for
-linearly interpolated samples), so a session costs a few vectorised passes.
+R_w(t) = A R_g(t): R_g integrates the gyro once over the recording (bias and
+camera-IMU rotation from `align_imu`, refined there on absolute orientations), and
+the anchor A is the chordal mean of R_wc R_ci R_g^T over the keyframes within
+`anchor_span` s of the window, so the SfM rotation noise averages out. Every
+integral comes from cumulative sums (exact for linearly interpolated samples): a
+30 s session costs under 0.1 s.
 
 Noise: e_j is the SfM jitter (white, variance v) plus k times the double-integrated
 accelerometer noise (an integrated Brownian motion, covariance lambda v C(t_i, t_j)).
-The ratio lambda is chosen by restricted maximum likelihood, the windows' q0, u0 are
-projected out in the whitened metric, and the covariance of s is the generalised
-least-squares one with v from the residual: windows share no keyframe and no IMU
-sample, so that single number is the honest uncertainty (checked against the
-scatter over noise draws in tests/test_scale_calibration.py).
+lambda comes from restricted maximum likelihood, the windows' q0, u0 are projected
+out in the whitened metric, the accelerometer noise in the regressor is corrected
+for (its level from the samples' second differences), and the std of s is the
+generalised least-squares one with v from the residual. Windows share no keyframe
+and no IMU sample, so when their own scales scatter more than that std predicts
+(chi^2/dof above 1: the SfM scale drifts along the session) the std is inflated by
+the square root (Birge ratio). That one number is the uncertainty reported and
+refused on, and it matches the scatter over noise draws
+(tests/test_scale_calibration.py; `python -m tests.scale_sim` prints the table).
 
 Accel sign conventions differ between platforms (CoreMotion reports minus the
 specific force); a flipped sign flips k, so a negative k is read as the convention
@@ -35,15 +45,18 @@ and recorded, never as a reflection of the trajectory.
 
 The solve refuses (ScaleRefused, with the reason) only when the data cannot fix the
 scale: too little registered video with IMU coverage, too little motion
-acceleration, windows that disagree (the SfM does not explain the IMU: a distorted
-reconstruction or another recording's IMU), or a std(s)/s above `max_rel_std`."""
+acceleration (0.2 s means, noise floor removed, independent of the fit), windows
+the one scale cannot explain (a distorted reconstruction or another recording's
+IMU), or a std(s)/s above `max_rel_std`. SfM distortions that stay inside one
+window are not in the std (a session of one window cannot show them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from packer.slam.rotations import slerp, so3_exp
+from packer.slam.imu_align import ImuTrack
+from packer.slam.rotations import rotation_mean
 
 GRAVITY = 9.80665
 _LOG_LAMBDAS = np.arange(-3.0, 6.01, 0.5)  # log10 of the IMU/SfM noise ratio searched (1/s^3)
@@ -57,7 +70,7 @@ class ScaleRefused(ValueError):
 class ScaleOptions:
     accel_mode: str = "auto"  # "auto" | "removed" (userAcceleration) | "raw" (with gravity)
     accel_bias: bool = True  # also estimate a constant accelerometer bias (phones have ~0.01 g)
-    window: float = 2.0  # seconds of keyframes fitted against one IMU double integral
+    window: float = 4.0  # seconds of keyframes fitted against one IMU double integral
     anchor_span: float = 5.0  # keyframes within +- this many s fix a window's IMU-to-SfM rotation
     min_duration: float = 1.0  # seconds of registered video with IMU coverage
     min_excitation: float = 0.05  # m/s^2 RMS motion acceleration (0.2 s means, noise floor removed)
@@ -81,61 +94,12 @@ class ScaleResult:
     n_windows: int
     n_keyframes: int
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
+    window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
 
 
 def detect_accel_mode(accel_g: np.ndarray) -> str:
     """'raw' when the accelerometer carries gravity (median norm near 1 g), else 'removed'."""
     return "raw" if float(np.median(np.linalg.norm(accel_g, axis=1))) > 0.5 else "removed"
-
-
-def cumulative_rotations(steps: np.ndarray) -> np.ndarray:
-    """(N,3,3) prefix products S_0 S_1 ... S_k of (N,3,3) rotations, by a log-depth
-    scan (vectorised: a 10-minute 200 Hz recording is 17 batched matmuls)."""
-    P = np.array(steps, dtype=np.float64)
-    d = 1
-    while d < len(P):
-        P[d:] = P[:-d] @ P[d:]
-        d *= 2
-    return P
-
-
-class ImuTrack:
-    """The IMU on the frame clock, integrated once: the gyro orientation R_g(t)
-    (relative to the first sample), f = [R_g a, R_g] (12 channels) and its first and
-    second cumulative integrals, exact for f linear between samples; noise2 is the
-    accelerometer's white-noise variance per sample (3 axes), from second differences."""
-
-    def __init__(self, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray):
-        self.t = np.asarray(t, dtype=np.float64)
-        h = np.diff(self.t)
-        Q = np.empty((len(self.t), 3, 3))
-        Q[0] = np.eye(3)
-        Q[1:] = cumulative_rotations(so3_exp(0.5 * (gyr[1:] + gyr[:-1]) * h[:, None]))
-        self.Q = Q
-        self.noise2 = float(np.mean(np.sum(np.diff(acc, 2, axis=0) ** 2, axis=1))) / 6.0 if len(acc) > 2 else 0.0
-        f = np.concatenate([np.einsum("nij,nj->ni", Q, acc), Q.reshape(-1, 9)], axis=1)
-        self.f = f
-        hh = h[:, None]
-        self.c1 = np.vstack([np.zeros((1, 12)), np.cumsum(hh * (f[:-1] + f[1:]) / 2, axis=0)])
-        step2 = hh * self.c1[:-1] + hh**2 * (2 * f[:-1] + f[1:]) / 6
-        self.c2 = np.vstack([np.zeros((1, 12)), np.cumsum(step2, axis=0)])
-
-    def _seg(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = np.clip(np.searchsorted(self.t, ts, side="right") - 1, 0, len(self.t) - 2)
-        h = (self.t[k + 1] - self.t[k])[:, None]
-        return k, (ts - self.t[k])[:, None], (self.f[k + 1] - self.f[k]) / h
-
-    def integrals(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(first, second) integrals of f from the first sample to each of ts, (M,12)."""
-        k, u, m = self._seg(np.asarray(ts, dtype=np.float64))
-        f = self.f[k]
-        i1 = self.c1[k] + f * u + m * u**2 / 2
-        i2 = self.c2[k] + self.c1[k] * u + f * u**2 / 2 + m * u**3 / 6
-        return i1, i2
-
-    def orientation(self, ts: np.ndarray) -> np.ndarray:
-        k, u, _m = self._seg(np.asarray(ts, dtype=np.float64))
-        return slerp(self.Q[k], self.Q[k + 1], u[:, 0] / (self.t[k + 1] - self.t[k]))
 
 
 @dataclass(frozen=True)
@@ -149,11 +113,6 @@ class _Window:
     anchor: np.ndarray  # (3,3) IMU-gyro frame -> SfM world
     t0: float
     t1: float
-
-
-def _chordal_mean(Rs: np.ndarray) -> np.ndarray:
-    U, _S, Vt = np.linalg.svd(Rs.sum(axis=0))
-    return U @ np.diag([1.0, 1.0, np.sign(np.linalg.det(U @ Vt)) or 1.0]) @ Vt
 
 
 def _windows(
@@ -176,7 +135,7 @@ def _windows(
             continue
         t0, t1 = float(key_ts[idx[0]]), float(key_ts[idx[-1]])
         near = np.abs(key_ts - 0.5 * (t0 + t1)) <= max(opt.anchor_span, 0.5 * (t1 - t0))
-        A = _chordal_mean(anchors_k[near])
+        A = rotation_mean(anchors_k[near])
         tau = key_ts[idx] - t0
         local = i2[idx] - i2[idx[0]] - tau[:, None] * i1[idx[0]]  # double integrals from t0
         X = np.zeros((3, len(idx), ng))
@@ -206,14 +165,16 @@ class _Reduced:
     blocks: list[slice]  # rows of each window
     logdet: float  # log|Sigma| + log|N^T Sigma^-1 N| over the windows (REML terms)
     dof: int  # rows minus the nuisance columns
+    drift_trace: float  # E|k column's noise|^2 per unit accelerometer noise density^2 (s^3 -> m^2)
 
 
 def _reduce(wins: list[_Window], lam: float) -> _Reduced:
     Gs, ys, blocks = [], [], []
-    logdet, dof, r0 = 0.0, 0, 0
+    logdet, dof, r0, trace = 0.0, 0, 0, 0.0
     for w in wins:
         n = len(w.tau)
-        L = np.linalg.cholesky(np.eye(n) + lam * _drift_cov(w.tau))
+        C = _drift_cov(w.tau)
+        L = np.linalg.cholesky(np.eye(n) + lam * C)
         WN = np.linalg.solve(L, np.column_stack([np.ones(n), w.tau]))
         Qn, Rn = np.linalg.qr(WN)
         M = np.linalg.solve(L, np.concatenate([w.X, w.y[:, :, None]], axis=2).transpose(1, 0, 2).reshape(n, -1))
@@ -224,7 +185,9 @@ def _reduce(wins: list[_Window], lam: float) -> _Reduced:
         r0 += 3 * n
         logdet += 3 * (2 * np.sum(np.log(np.diag(L))) + 2 * np.sum(np.log(np.abs(np.diag(Rn)))))
         dof += 3 * (n - 2)
-    return _Reduced(np.vstack(Gs), np.concatenate(ys), blocks, logdet, dof)
+        Cw = np.linalg.solve(L, np.linalg.solve(L, C).T)  # L^-1 C L^-T: the drift, whitened
+        trace += 3 * (np.trace(Cw) - float(np.sum(Qn * (Cw @ Qn))))  # ... and projected
+    return _Reduced(np.vstack(Gs), np.concatenate(ys), blocks, logdet, dof, trace)
 
 
 def _reml(wins: list[_Window]) -> tuple[float, _Reduced]:
@@ -260,7 +223,7 @@ def _tangent_basis(u: np.ndarray) -> np.ndarray:
 
 
 def _gravity_fit(
-    G: np.ndarray, y: np.ndarray, x: np.ndarray, col_g: int, iters: int = 6
+    G: np.ndarray, y: np.ndarray, x: np.ndarray, col_g: int, d0: float, iters: int = 6
 ) -> tuple[np.ndarray, np.ndarray]:
     """Re-solve with |g| = GRAVITY, g = kg / k = GRAVITY n: for a fixed direction n
     the model is linear in (k, k b); n moves in its tangent plane (Gauss-Newton).
@@ -273,7 +236,7 @@ def _gravity_fit(
     for _ in range(iters):
         B = _tangent_basis(n)
         M = np.column_stack([G[:, 0] + GRAVITY * Gg @ n, G[:, 1:col_g], k * GRAVITY * Gg @ B])
-        z = _lstsq(M, y)
+        z = _lstsq_eiv(M, y, d0)
         k = float(z[0])
         n = n + B @ z[-2:]
         n /= np.linalg.norm(n)
@@ -369,7 +332,8 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
     the statistics the refusal checks read (rel_std, explained, excitation)."""
     G, y = red.G.copy(), red.y
     n_b = 3 if opt.accel_bias else 0
-    x = _lstsq(G, y)
+    d0 = imu.noise2 / 3.0 * float(np.median(np.diff(imu.t))) * red.drift_trace  # noise energy in k's column
+    x = _lstsq_eiv(G, y, d0)
     sign = 1.0
     if x[0] < 0:  # the accelerometer reports minus the acceleration
         sign = -1.0
@@ -377,15 +341,16 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         x[:1 + n_b] *= -1.0
     M, n_free = G, G.shape[1]
     if mode == "raw":
-        x, M = _gravity_fit(G, y, x, 1 + n_b)
+        x, M = _gravity_fit(G, y, x, 1 + n_b, d0)
         n_free -= 1
     res = y - G @ x
     k = float(x[0])
     sigma2 = float(res @ res) / max(red.dof - n_free, 1)
-    var_k = _marginal_variance(M, 0) * sigma2
-    rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     b = x[1:1 + n_b] / k if n_b and k > 0 else np.zeros(3)
     g = x[1 + n_b:] / k if mode == "raw" and k > 0 else np.zeros(3)
+    spread = _window_spread(G, y, x, red.blocks, n_b, g, sigma2)
+    var_k = _marginal_variance(M, 0) * sigma2 * max(spread, 1.0)
+    rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     colnorm = np.linalg.norm(M, axis=0)
     colnorm[colnorm == 0] = 1.0
     sv = np.linalg.svd(M / colnorm, compute_uv=False)
@@ -394,7 +359,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         rel_std=rel_std,
         residual=float(np.sqrt(sigma2)) / k if k > 0 else float("inf"),
         excitation=_excitation(imu, wins, n_b > 0, mode == "raw"),
-        explained=_explained(_Reduced(G, y, red.blocks, red.logdet, red.dof), res),
+        explained=_explained(replace(red, G=G), res),
         condition=float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf"),
         confidence=float(np.clip(1.0 - rel_std / opt.max_rel_std, 0.0, 1.0)) if np.isfinite(rel_std) else 0.0,
         accel_mode=mode,
@@ -404,7 +369,28 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         n_windows=len(wins),
         n_keyframes=int(sum(len(w.tau) for w in wins)),
         imu_noise_ratio=lam,
+        window_spread=spread,
     )
+
+
+def _window_spread(
+    G: np.ndarray, y: np.ndarray, x: np.ndarray, blocks: list[slice], n_b: int, g: np.ndarray, sigma2: float
+) -> float:
+    """chi^2 / dof of each window's own scale (bias and gravity held at the common
+    fit) about the common one; about 1 when the windows differ only by the noise.
+    Above 1 the SfM scale is not the same all along (scale drift between parts of
+    the reconstruction) and the std of s is inflated by its square root (the
+    Birge ratio), so it covers what the noise model does not. 1.0 below 3 windows."""
+    if len(blocks) < 3 or not x[0] > 0:
+        return 1.0
+    col = G[:, 0] + (G[:, 1 + n_b:] @ g if G.shape[1] > 1 + n_b else 0.0)
+    r = y - G[:, 1:1 + n_b] @ x[1:1 + n_b]
+    chi2 = 0.0
+    for b in blocks:
+        w = float(col[b] @ col[b])
+        if w > 0:
+            chi2 += (float(col[b] @ r[b]) / w - x[0]) ** 2 * w / sigma2
+    return chi2 / (len(blocks) - 1)
 
 
 def _check(r: ScaleResult, opt: ScaleOptions) -> None:
@@ -431,6 +417,22 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
 
 def _lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, y, rcond=None)[0]
+
+
+def _lstsq_eiv(A: np.ndarray, y: np.ndarray, d0: float) -> np.ndarray:
+    """Least squares when column 0 carries noise of known total energy d0 (the
+    accelerometer noise, double integrated): (A^T A - d0 e0 e0^T) x = A^T y, the
+    corrected least squares that undoes the attenuation towards 0 plain least
+    squares has (k too small: +0.4% on s for a weak 6 s session). Plain least
+    squares when the noise would take most of the column's information."""
+    c = np.linalg.norm(A, axis=0)
+    c[c == 0] = 1.0
+    An = A / c
+    if not 0 < d0 / c[0] ** 2 < 0.5 / _marginal_variance(An, 0):
+        return _lstsq(A, y)
+    N = An.T @ An
+    N[0, 0] -= d0 / c[0] ** 2
+    return np.linalg.lstsq(N, An.T @ y, rcond=None)[0] / c
 
 
 def _marginal_variance(A: np.ndarray, col: int) -> float:

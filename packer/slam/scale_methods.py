@@ -79,6 +79,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_windows": sr.n_windows,
         "scale_keyframes": sr.n_keyframes,
         "imu_noise_ratio": sr.imu_noise_ratio,
+        "scale_window_spread": sr.window_spread,
     }
 
 

@@ -104,12 +104,14 @@ def detect_accel_mode(accel_g: np.ndarray) -> str:
 
 @dataclass(frozen=True)
 class _Window:
-    """One window's keyframes as a regression per axis: tau (n,) since its first
-    keyframe, X (3, n, ng) the global columns [k | k b | k g], y (3, n) positions."""
+    """One window's keyframes as a regression per axis, in the eigenbasis V of its
+    drift covariance C (so every lambda whitens by a diagonal scaling, no solve):
+    d (n,) the eigenvalues, N (n,2) the nuisance columns [1, tau] and M (n, 3, ng+1)
+    the global columns [k | k b | k g] and the positions, both rotated by V^T."""
 
-    tau: np.ndarray
-    X: np.ndarray
-    y: np.ndarray
+    d: np.ndarray
+    N: np.ndarray
+    M: np.ndarray
     anchor: np.ndarray  # (3,3) IMU-gyro frame -> SfM world
     t0: float
     t1: float
@@ -145,7 +147,10 @@ def _windows(
         if raw:
             for a in range(3):
                 X[a, :, 1 + n_b + a] = 0.5 * tau**2
-        out.append(_Window(tau, X, positions[idx].T, A, t0, t1))
+        d, V = np.linalg.eigh(_drift_cov(tau))
+        M = np.concatenate([X, positions[idx].T[:, :, None]], axis=2).transpose(1, 0, 2)
+        out.append(_Window(np.clip(d, 0.0, None), V.T @ np.column_stack([np.ones(len(idx)), tau]),
+                           np.einsum("ji,jab->iab", V, M), A, t0, t1))
     return out
 
 
@@ -172,21 +177,24 @@ def _reduce(wins: list[_Window], lam: float) -> _Reduced:
     Gs, ys, blocks = [], [], []
     logdet, dof, r0, trace = 0.0, 0, 0, 0.0
     for w in wins:
-        n = len(w.tau)
-        C = _drift_cov(w.tau)
-        L = np.linalg.cholesky(np.eye(n) + lam * C)
-        WN = np.linalg.solve(L, np.column_stack([np.ones(n), w.tau]))
-        Qn, Rn = np.linalg.qr(WN)
-        M = np.linalg.solve(L, np.concatenate([w.X, w.y[:, :, None]], axis=2).transpose(1, 0, 2).reshape(n, -1))
-        M = (M - Qn @ (Qn.T @ M)).reshape(n, 3, -1).transpose(1, 0, 2).reshape(3 * n, -1)
+        n = len(w.d)
+        s = 1.0 / np.sqrt(1.0 + lam * w.d)  # Sigma^-1/2 = diag(s) V^T
+        WN = w.N * s[:, None]
+        v1 = np.linalg.norm(WN[:, 0])
+        q1 = WN[:, 0] / v1
+        u2 = WN[:, 1] - q1 * (q1 @ WN[:, 1])
+        v2 = np.linalg.norm(u2)
+        Q = np.column_stack([q1, u2 / v2])  # orthonormal basis of the whitened nuisance
+        M = w.M * s[:, None, None]
+        M = (M - np.einsum("ik,kab->iab", Q, np.einsum("ik,iab->kab", Q, M))).transpose(1, 0, 2).reshape(3 * n, -1)
         Gs.append(M[:, :-1])
         ys.append(M[:, -1])
         blocks.append(slice(r0, r0 + 3 * n))
         r0 += 3 * n
-        logdet += 3 * (2 * np.sum(np.log(np.diag(L))) + 2 * np.sum(np.log(np.abs(np.diag(Rn)))))
+        logdet += 3 * (float(np.sum(np.log1p(lam * w.d))) + 2 * np.log(v1 * v2))
         dof += 3 * (n - 2)
-        Cw = np.linalg.solve(L, np.linalg.solve(L, C).T)  # L^-1 C L^-T: the drift, whitened
-        trace += 3 * (np.trace(Cw) - float(np.sum(Qn * (Cw @ Qn))))  # ... and projected
+        dd = w.d * s**2  # the drift, whitened: diag(d / (1 + lam d)) ...
+        trace += 3 * (float(np.sum(dd)) - float(np.sum(Q**2 * dd[:, None])))  # ... and projected
     return _Reduced(np.vstack(Gs), np.concatenate(ys), blocks, logdet, dof, trace)
 
 
@@ -196,11 +204,12 @@ def _reml(wins: list[_Window]) -> tuple[float, _Reduced]:
 
     def cost(loglam: float) -> tuple[float, _Reduced]:
         red = _reduce(wins, 10.0**loglam)
-        x = _lstsq(red.G, red.y)
+        GtG = red.G.T @ red.G  # normal equations: ng x ng, no factorisation of the tall G
+        x = _lstsq(GtG, red.G.T @ red.y)
         rss = float(np.sum((red.G @ x - red.y) ** 2))
         dof = red.dof - red.G.shape[1]
-        sv = np.linalg.svd(red.G, compute_uv=False)
-        ld = float(np.sum(np.log(sv[sv > sv[0] * 1e-12] ** 2)))
+        ev = np.linalg.eigvalsh(GtG)
+        ld = float(np.sum(np.log(ev[ev > ev[-1] * 1e-24])))
         return dof * np.log(max(rss, 1e-300) / dof) + red.logdet + ld, red
 
     costs = [cost(v)[0] for v in _LOG_LAMBDAS]
@@ -314,7 +323,7 @@ def solve_scale(
     if inside.sum() >= 3:
         wins = _windows(imu, key_ts[inside], np.asarray(positions, dtype=np.float64)[inside],
                         np.asarray(R_wc, dtype=np.float64)[inside], np.asarray(R_ic).T, raw, opt)
-    spare = sum(3 * (len(w.tau) - 2) for w in wins) - wins[0].X.shape[2] if wins else 0
+    spare = sum(3 * (len(w.d) - 2) for w in wins) - (wins[0].M.shape[2] - 1) if wins else 0
     if covered < opt.min_duration or spare < 3:
         raise ScaleRefused(
             f"only {covered:.2f} s of registered video ({int(inside.sum())} keyframes) with IMU coverage; "
@@ -367,7 +376,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         gravity=[float(v) for v in g] if mode == "raw" else None,
         accel_bias=[float(v) for v in b] if n_b else None,
         n_windows=len(wins),
-        n_keyframes=int(sum(len(w.tau) for w in wins)),
+        n_keyframes=int(sum(len(w.d) for w in wins)),
         imu_noise_ratio=lam,
         window_spread=spread,
     )

@@ -96,6 +96,14 @@ def rotation_mean(Rs: np.ndarray) -> np.ndarray:
     return U @ np.diag([1.0, 1.0, np.sign(np.linalg.det(U @ Vt)) or 1.0]) @ Vt
 
 
+def tangent_basis(u: np.ndarray) -> np.ndarray:
+    """(3,2) orthonormal basis of the plane orthogonal to the unit vector u."""
+    a = np.array([1.0, 0.0, 0.0]) if abs(u[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
+    e1 = np.cross(u, a)
+    e1 /= np.linalg.norm(e1)
+    return np.stack([e1, np.cross(u, e1)], axis=1)
+
+
 def slerp(R0: np.ndarray, R1: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Geodesic interpolation R0 Exp(u Log(R0^T R1)) for u in [0, 1], broadcast over (...)."""
     d = so3_log(np.swapaxes(R0, -1, -2) @ R1)

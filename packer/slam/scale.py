@@ -29,9 +29,10 @@ integral comes from cumulative sums (exact for linearly interpolated samples): a
 
 Noise: e_j is the SfM jitter (white, variance v) plus k times the double-integrated
 accelerometer noise (an integrated Brownian motion, covariance lambda v C(t_i, t_j)).
-lambda comes from restricted maximum likelihood, the windows' q0, u0 are projected
-out in the whitened metric, the accelerometer noise in the regressor is corrected
-for (its level from the samples' second differences), and the std of s is the
+lambda comes from restricted maximum likelihood (floored by the accelerometer noise
+measured on the samples' second differences), the windows' q0, u0 are projected
+out in the whitened metric, that noise in the regressor is corrected for (it
+would attenuate k), and the std of s is the
 generalised least-squares one with v from the residual. Windows share no keyframe
 and no IMU sample, so when their own scales scatter more than that std predicts
 (chi^2/dof above 1: the SfM scale drifts along the session) the std is inflated by
@@ -43,12 +44,11 @@ Accel sign conventions differ between platforms (CoreMotion reports minus the
 specific force); a flipped sign flips k, so a negative k is read as the convention
 and recorded, never as a reflection of the trajectory.
 
-The solve refuses (ScaleRefused, with the reason) only when the data cannot fix the
-scale: too little registered video with IMU coverage, too little motion
-acceleration (0.2 s means, noise floor removed, independent of the fit), windows
-the one scale cannot explain (a distorted reconstruction or another recording's
-IMU), or a std(s)/s above `max_rel_std`. SfM distortions that stay inside one
-window are not in the std (a session of one window cannot show them)."""
+Refusals (ScaleRefused, with the reason) only where the data cannot fix the scale:
+too little registered video with IMU coverage, too little motion acceleration (0.2 s
+means, noise floor removed, independent of the fit), windows one scale cannot
+explain (a distorted reconstruction, another recording's IMU), or std(s)/s above
+`max_rel_std`. SfM distortion inside one window is not in the std (nothing shows it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.slam.imu_align import ImuTrack
-from packer.slam.rotations import rotation_mean
+from packer.slam.rotations import rotation_mean, tangent_basis
 
 GRAVITY = 9.80665
 _LOG_LAMBDAS = np.arange(-3.0, 6.01, 0.5)  # log10 of the IMU/SfM noise ratio searched (1/s^3)
@@ -223,12 +223,14 @@ def _reml(wins: list[_Window]) -> tuple[float, _Reduced]:
     return 10.0**best, cost(best)[1]
 
 
-def _tangent_basis(u: np.ndarray) -> np.ndarray:
-    """(3,2) orthonormal basis of the plane orthogonal to the unit vector u."""
-    a = np.array([1.0, 0.0, 0.0]) if abs(u[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
-    e1 = np.cross(u, a)
-    e1 /= np.linalg.norm(e1)
-    return np.stack([e1, np.cross(u, e1)], axis=1)
+def _measured_ratio(red: _Reduced, imu: ImuTrack) -> float:
+    """k^2 q / v: lambda from the accelerometer noise q measured on the samples and
+    the jitter v of a fit. A floor for REML, which on one or two windows now and
+    then puts lambda near 0 and under-reports the std (a wandering bias only adds)."""
+    x = _lstsq(red.G.T @ red.G, red.G.T @ red.y)
+    v = float(np.sum((red.G @ x - red.y) ** 2)) / max(red.dof - red.G.shape[1], 1)
+    q = imu.noise2 / 3.0 * float(np.median(np.diff(imu.t)))
+    return float(x[0]) ** 2 * q / v if v > 0 else 0.0
 
 
 def _gravity_fit(
@@ -243,7 +245,7 @@ def _gravity_fit(
     k = float(x[0])
     M = G
     for _ in range(iters):
-        B = _tangent_basis(n)
+        B = tangent_basis(n)
         M = np.column_stack([G[:, 0] + GRAVITY * Gg @ n, G[:, 1:col_g], k * GRAVITY * Gg @ B])
         z = _lstsq_eiv(M, y, d0)
         k = float(z[0])
@@ -331,6 +333,9 @@ def solve_scale(
             "registered frames)"
         )
     lam, red = _reml(wins)
+    floor = _measured_ratio(red, imu)
+    if lam < floor:  # the accelerometer's own noise says the drift is at least this
+        lam, red = floor, _reduce(wins, floor)
     result = _fit(red, imu, wins, lam, mode, opt)
     _check(result, opt)
     return result

@@ -126,7 +126,8 @@ def _pack_options(cfg: Config, **flags) -> PackOptions:
 @click.option("--horizon", type=click.IntRange(1), default=None, help="Action chunk length [16].")
 @click.option("--workers", type=click.IntRange(0), default=None, help="Worker processes [all cores].")
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default=None,
-              help="Also write .tar.zst shards: auto = only if a probe saves >10% [auto].")
+              help="Also write a .tar.zst beside each .tar (two copies on disk; uploads send the .zst): "
+                   "auto = only if a probe saves >10% [none].")
 @click.option("--slam/--no-slam", default=True, show_default=True,
               help="Run `packer slam` first for sessions without metric poses (cached).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -192,15 +193,19 @@ def verify(out: str | None, quick: bool, config_path: str | None) -> None:
 
 def _slam_stage(cfg: Config, quiet: bool):
     """Metric poses for every session before packing (parallel, cached: a session
-    whose inputs did not change costs a fingerprint). ARKit sessions are skipped."""
+    whose inputs did not change costs a stat per frame, asked of the sessions pack
+    has loaded already). ARKit sessions are skipped."""
     from packer.slam import SlamOptions, slam_sessions
+    from packer.slam.pipeline import cached_by_stat
 
     opts = SlamOptions.from_config(cfg.slam, cfg.scale)
     opts.progress = not quiet
 
     def prepare(sessions) -> dict[str, str]:
         failed = {}
-        for r in slam_sessions([s.path for s in sessions], opts):
+        opts.validate()
+        todo = [s.path for s in sessions if cached_by_stat(s, opts) is None]
+        for r in slam_sessions(todo, opts) if todo else []:
             if r.status == "failed":
                 failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
         return failed

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from tqdm import tqdm
 
 from packer.actions import POSE_DIMS, RunningStats
@@ -61,10 +62,31 @@ class PackReport:
 
 
 def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
-    """The options that change shard bytes (workers does not)."""
+    """The options that change shard bytes: not workers, and not compress (the .tar
+    bytes are the same either way; the .tar.zst copies follow the mode at every run,
+    so switching it never re-encodes a session)."""
     d = asdict(opts)
     d.pop("workers", None)
+    d.pop("compress", None)
     return d
+
+
+def default_workers() -> int:
+    """The cores this process may run on (a cgroup/taskset limit counts), not the
+    machine's: more workers than cores only adds switching."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Pending:
+    """A session to encode. Its plan (sample JSON, action chunks, statistics) is made
+    in the main process while the workers already encode its frames."""
+    session: Session
+    keep: Any  # np.ndarray of positions into session.frames
+    signature: str
 
 
 def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
@@ -117,7 +139,7 @@ def _finalise_stats(index: dict[str, Any]) -> None:
 
 
 def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> list[Session]:
-    out = []
+    out: list[Session] = []
     for path in paths:
         try:
             out.append(load_session(path, check_images=check_images))
@@ -171,11 +193,7 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     paths = discover(raw)
     sessions = load_valid_sessions(paths, report.failed, check_images=True)
     if prepare is not None and sessions:
-        report.failed.update(prepare(sessions))
-        # prepare may have rewritten poses.json/metadata.json: read those again (the
-        # frames were checked above and are unchanged)
-        ok = [s.path for s in sessions if s.name not in report.failed]
-        sessions = load_valid_sessions(ok, report.failed, check_images=False)
+        sessions = _prepared(sessions, prepare, report.failed)
     present = {p.name for p in paths}
     report.removed = [name for name in index["sessions"] if name not in present]
     for name in report.removed:
@@ -183,13 +201,59 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     if report.removed:
         _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
-    todo: list[SessionPlan] = []
+    todo = _to_encode(sessions, opts, options, index, pub, report)
+    if todo:
+        t_enc = time.perf_counter()
+        _encode_all(todo, pub, opts, report, progress, lock_fd)
+        report.encode_seconds = time.perf_counter() - t_enc
+
+    index["failed"] = dict(report.failed)
+    _apply_compression(pub, opts.compress)
+    _save(pub)
+    report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
+    # what is on disk: every .tar, plus its .tar.zst where compression wrote one
+    report.packed_bytes = sum(s["bytes"] + (s["compressed"] or {}).get("bytes", 0) for s in index["shards"])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _prepared(sessions: list[Session], prepare: Callable[[list[Session]], dict[str, str]],
+              failed: dict[str, str]) -> list[Session]:
+    """Run the SLAM stage, then read again the sessions whose poses.json or
+    metadata.json it rewrote (their frames were checked and are unchanged); the
+    others, e.g. every session on a cached re-run, are kept as loaded."""
+    def stamp(s: Session) -> list[tuple[int, int] | None]:
+        out: list[tuple[int, int] | None] = []
+        for name in ("poses.json", "metadata.json"):
+            try:
+                st = s.file(name).stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return out
+
+    before = {s.name: stamp(s) for s in sessions}
+    failed.update(prepare(sessions))
+    kept: list[Session] = []
+    changed: list[Session] = []
+    for s in sessions:
+        if s.name not in failed:
+            (kept if stamp(s) == before[s.name] else changed).append(s)
+    reread = {s.name: s for s in load_valid_sessions([s.path for s in changed], failed, check_images=False)}
+    return [reread.get(s.name, s) for s in kept + changed if s.name not in failed]
+
+
+def _to_encode(sessions: list[Session], opts: PackOptions, options: dict[str, Any], index: dict[str, Any],
+               pub: Publisher, report: PackReport) -> list[Pending]:
+    """The sessions whose shards must be written; an unchanged one (same stat
+    signature, else same content fingerprint) with intact shards is kept."""
+    todo: list[Pending] = []
     for s in sessions:
         try:
             keep = kept_frames(s, opts)
             sig = stat_signature(s, keep, options, manifest.VERSION)
             entry = index["sessions"].get(s.name)
-            if shards_ok(out, entry, index, pub.stats) and entry is not None and (
+            if shards_ok(pub.out, entry, index, pub.stats) and entry is not None and (
                     entry.get("stat_signature") == sig
                     or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
                 entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
@@ -197,23 +261,10 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
                 if entry.get("warnings"):
                     report.warnings[s.name] = list(entry["warnings"])
                 continue
-            todo.append(plan_session(s, opts, sig))
+            todo.append(Pending(s, keep, sig))
         except SessionError as e:
             report.failed[s.name] = f"{e.path}: {e.reason}"
-
-    total_frames = sum(len(p.keep) for p in todo)
-    if todo:
-        t_enc = time.perf_counter()
-        _encode_all(todo, pub, opts, report, total_frames, progress, lock_fd)
-        report.encode_seconds = time.perf_counter() - t_enc
-
-    index["failed"] = dict(report.failed)
-    _apply_compression(pub, opts.compress)
-    _save(pub)
-    report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
-    report.packed_bytes = sum(s["bytes"] for s in index["shards"])
-    report.seconds = time.perf_counter() - t0
-    return report
+    return todo
 
 
 def _save(pub: Publisher) -> None:
@@ -250,10 +301,10 @@ def _apply_compression(pub: Publisher, mode: str) -> None:
         index["compression"].update(used=False, error=disk_error(e, out))
 
 
-def _tasks(plans: Iterable[SessionPlan], spec: ResizeSpec):
-    for plan in plans:
-        for i in plan.keep:
-            yield (str(plan.session.frame_paths[i]), spec)
+def _tasks(todo: Iterable[Pending], spec: ResizeSpec):
+    for p in todo:
+        for i in p.keep:
+            yield (str(p.session.frame_paths[i]), spec)
 
 
 def _worker_init(lock_fd: int) -> None:
@@ -265,20 +316,24 @@ def _worker_init(lock_fd: int) -> None:
     cache_image_buffers()
 
 
-def _encode_all(todo: list[SessionPlan], pub: Publisher, opts: PackOptions, report: PackReport, total: int,
-                progress: bool, lock_fd: int) -> None:
+def _encode_all(todo: list[Pending], pub: Publisher, opts: PackOptions, report: PackReport, progress: bool,
+                lock_fd: int) -> None:
     spec = ResizeSpec(opts.size, opts.crop, opts.quality)
-    workers = opts.workers or os.cpu_count() or 1
+    workers = opts.workers or default_workers()
+    total = sum(len(p.keep) for p in todo)
     # fork starts a pool in ~20 ms where spawn takes ~0.5 s (measured here); the
     # workers only run PIL on their own inputs, so no lock state is inherited that
     # they could trip on. Platforms without fork use spawn.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # Pillow imports its five core plugins at the first open/save: once here, before
+    # the fork, instead of once in every worker
+    Image.preinit()
     bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
     pool = ctx.Pool(workers, initializer=_worker_init, initargs=(lock_fd,))
     try:
         results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
-        for plan in todo:
-            _encode_session(plan, results, pub, opts, report, bar)
+        for p in todo:
+            _encode_session(p, results, pub, opts, report, bar)
     except BaseException:
         pool.terminate()
         raise
@@ -289,20 +344,26 @@ def _encode_all(todo: list[SessionPlan], pub: Publisher, opts: PackOptions, repo
         bar.close()
 
 
-def _encode_session(plan: SessionPlan, results, pub: Publisher, opts: PackOptions, report: PackReport,
+def _encode_session(pending: Pending, results, pub: Publisher, opts: PackOptions, report: PackReport,
                     bar) -> None:
-    """Consume exactly this session's results (even after a failure, to stay in step
-    with the ordered result stream), write its shards, then publish it."""
-    s, out = plan.session, pub.out
-    writer = ShardWriter(out, s.name, opts.shard_bytes)
+    """Plan the session (the workers are busy with its frames meanwhile), consume
+    exactly its results (even after a failure, to stay in step with the ordered
+    result stream), write its shards, then publish it."""
+    s, out = pending.session, pub.out
     error: str | None = None
+    try:
+        plan = plan_session(s, opts, pending.signature)
+    except SessionError as e:
+        plan, error = None, f"{e.path}: {e.reason}"
+    writer = ShardWriter(out, s.name, opts.shard_bytes)
     digests: list[bytes] = []
     try:
-        for j, i in enumerate(plan.keep):
+        for j, i in enumerate(pending.keep):
             jpg, digest, err = next(results)
             bar.update(1)
             if error is not None:
                 continue
+            assert plan is not None  # error is set whenever planning failed
             if err is not None:
                 error = f"rgb/{s.frame_paths[i].name}: {err}; re-copy it from the phone or delete the frame"
                 writer.abort()
@@ -316,6 +377,7 @@ def _encode_session(plan: SessionPlan, results, pub: Publisher, opts: PackOption
                 writer.abort()
                 error = disk_error(e, out)
         if error is None:
+            assert plan is not None
             error = _publish_session(plan, writer, pub, digests, report)
     except BaseException:
         writer.abort()

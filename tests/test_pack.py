@@ -248,21 +248,32 @@ def test_ctrl_c_mid_pack_then_rerun(raw_copy: Path, tmp_path: Path):
     assert len(index["sessions"]) == 3
 
 
-def test_compression_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path):
+def test_compression_default_none_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path):
     import zstandard
 
     out = tmp_path / "p"
-    pack(raw_copy, out, opts(), progress=False)  # default auto: JPEG does not pay
+    r = pack(raw_copy, out, opts(), progress=False)  # default none: one copy on disk
+    index = manifest.load(out)
+    assert index["compression"] == {"mode": "none", "probe_ratio": None, "used": False}
+    assert not list(out.glob("*.zst")) and all(sh["compressed"] is None for sh in index["shards"])
+    assert r.packed_bytes == sum(p.stat().st_size for p in out.glob("*.tar"))
+    r = pack(raw_copy, out, opts(compress="auto"), progress=False)
+    assert not r.packed and len(r.reused) == 3  # switching the mode re-encodes nothing
     index = manifest.load(out)
     assert index["compression"]["mode"] == "auto" and 0 < index["compression"]["probe_ratio"] <= 1.0
     assert index["compression"]["used"] == (index["compression"]["probe_ratio"] <= 0.9)
     out2 = tmp_path / "z"
-    pack(raw_copy, out2, opts(compress="zstd"), progress=False)
+    r = pack(raw_copy, out2, opts(compress="zstd"), progress=False)
+    assert r.packed and r.images
     index = manifest.load(out2)
     sh = index["shards"][0]
     z = out2 / sh["compressed"]["name"]
     assert sha256_file(z) == sh["compressed"]["sha256"]
     assert zstandard.ZstdDecompressor().decompressobj().decompress(z.read_bytes()) == (out2 / sh["name"]).read_bytes()
+    # the summary counts what is on disk: both copies
+    assert r.packed_bytes == sum(p.stat().st_size for p in out2.iterdir() if p.name.endswith((".tar", ".tar.zst")))
+    r = pack(raw_copy, out2, opts(), progress=False)  # back to none: the .tar.zst copies go, nothing re-encoded
+    assert not r.packed and not list(out2.glob("*.zst"))
 
 
 def test_atomic_write_keeps_permissions(tmp_path: Path):

@@ -146,8 +146,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
                          shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
-    prepare = _slam_stage(cfg, quiet) if slam else None
-    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare)
+    prepare, ready = _slam_stage(cfg, quiet) if slam else (None, None)
+    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
     for name, ws in sorted(r.warnings.items()):
@@ -194,23 +194,32 @@ def verify(out: str | None, quick: bool, config_path: str | None) -> None:
 def _slam_stage(cfg: Config, quiet: bool):
     """Metric poses for every session before packing (parallel, cached: a session
     whose inputs did not change costs a stat per frame, asked of the sessions pack
-    has loaded already). ARKit sessions are skipped."""
+    has loaded already). ARKit sessions are skipped. Returns (prepare, ready) for
+    packer.pack.pack: ready(session) is True when its result is cached, so pack may
+    encode its frames before prepare runs."""
     from packer.slam import SlamOptions, slam_sessions
     from packer.slam.pipeline import cached_by_stat
 
     opts = SlamOptions.from_config(cfg.slam, cfg.scale)
     opts.progress = not quiet
+    opts.validate()
+    cached: set[str] = set()
+
+    def ready(session) -> bool:
+        if cached_by_stat(session, opts) is None:
+            return False
+        cached.add(session.name)
+        return True
 
     def prepare(sessions) -> dict[str, str]:
         failed = {}
-        opts.validate()
-        todo = [s.path for s in sessions if cached_by_stat(s, opts) is None]
+        todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
         for r in slam_sessions(todo, opts) if todo else []:
             if r.status == "failed":
                 failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
         return failed
 
-    return prepare
+    return prepare, ready
 
 
 @main.command()

@@ -8,21 +8,20 @@ fingerprint) is never re-encoded."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
 from tqdm import tqdm
 
 from packer.actions import POSE_DIMS, RunningStats
 from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
-from packer.imageops import ResizeSpec, process_frame
+from packer.framepool import FramePool
+from packer.imageops import ResizeSpec
 from packer.intake import extract_all
 from packer.outdir import Publisher, disk_error, file_ok, locked, remember, shards_ok
 from packer.samples import SessionPlan, kept_frames, plan_session
@@ -36,8 +35,9 @@ from shardship.config import PackOptions
 from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.format import index as manifest
 from shardship.format.shards import ShardWriter
-from shardship.pil import cache_image_buffers
 from shardship.pil import describe as pil_describe
+
+EARLY_FRAMES = 8_000  # encoded early: ~0.2 GB at most wait in memory for a SLAM run on other sessions
 
 
 @dataclass
@@ -69,15 +69,6 @@ def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
     d.pop("workers", None)
     d.pop("compress", None)
     return d
-
-
-def default_workers() -> int:
-    """The cores this process may run on (a cgroup/taskset limit counts), not the
-    machine's: more workers than cores only adds switching."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -138,14 +129,14 @@ def _finalise_stats(index: dict[str, Any]) -> None:
                       "count": astats.count if astats else 0, "pose_dims": POSE_DIMS}
 
 
-def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> list[Session]:
-    out: list[Session] = []
+def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> Iterator[Session]:
+    """Each session that loads (one at a time, so the caller can act on it before
+    the next is read); the others go to `failed`."""
     for path in paths:
         try:
-            out.append(load_session(path, check_images=check_images))
+            yield load_session(path, check_images=check_images)
         except SessionError as e:
             failed[path.name] = f"{e.path}: {e.reason}"
-    return out
 
 
 def pack(
@@ -155,12 +146,15 @@ def pack(
     *,
     progress: bool = True,
     prepare: Callable[[list[Session]], dict[str, str]] | None = None,
+    ready: Callable[[Session], bool] | None = None,
 ) -> PackReport:
     """Pack every valid session under `raw` into `out`. Raises only for problems that
     stop everything (unusable or busy out dir, index.json cannot be saved);
     per-session problems land in report.failed.
     `prepare` runs once over the valid sessions before packing (the SLAM stage: it
-    may rewrite poses.json/metadata.json) and returns {session: reason} refusals."""
+    may rewrite poses.json/metadata.json) and returns {session: reason} refusals.
+    `ready(session)` says prepare has nothing to do for it (its SLAM result is
+    cached), so its frames may be encoded before prepare runs."""
     opts = opts or PackOptions()
     if opts.crop not in ("squash", "center"):
         raise ShardshipError(f"--crop {opts.crop!r}: use squash or center")
@@ -172,11 +166,12 @@ def pack(
     except OSError as e:
         raise ShardshipError(f"cannot create output directory {out}: {e.strerror}") from None
     with locked(out) as lock_fd:
-        return _pack_locked(raw, out, opts, progress, prepare, lock_fd)
+        return _pack_locked(raw, out, opts, progress, prepare, ready, lock_fd)
 
 
 def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
-                 prepare: Callable[[list[Session]], dict[str, str]] | None, lock_fd: int) -> PackReport:
+                 prepare: Callable[[list[Session]], dict[str, str]] | None, ready: Callable[[Session], bool] | None,
+                 lock_fd: int) -> PackReport:
     t0 = time.perf_counter()
     remove_stale_temps(out)
     pil = pil_describe()
@@ -191,21 +186,21 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
     report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
     paths = discover(raw)
-    sessions = load_valid_sessions(paths, report.failed, check_images=True)
-    if prepare is not None and sessions:
-        sessions = _prepared(sessions, prepare, report.failed)
-    present = {p.name for p in paths}
-    report.removed = [name for name in index["sessions"] if name not in present]
-    for name in report.removed:
-        _drop_session(index, name)
-    if report.removed:
-        _save(pub)  # publish the removal, then its files go (frees their space before encoding)
+    with FramePool(opts.workers, ResizeSpec(opts.size, opts.crop, opts.quality), lock_fd) as frames:
+        sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
+        if prepare is not None and sessions:
+            sessions = _prepared(sessions, prepare, report.failed)
+        present = {p.name for p in paths}
+        report.removed = [name for name in index["sessions"] if name not in present]
+        for name in report.removed:
+            _drop_session(index, name)
+        if report.removed:
+            _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
-    todo = _to_encode(sessions, opts, options, index, pub, report)
-    if todo:
-        t_enc = time.perf_counter()
-        _encode_all(todo, pub, opts, report, progress, lock_fd)
-        report.encode_seconds = time.perf_counter() - t_enc
+        todo = _to_encode(sessions, opts, options, index, pub, report)
+        if todo:
+            _encode_all(todo, frames, pub, opts, report, progress)
+            report.encode_seconds = time.perf_counter() - (frames.started or t0)
 
     index["failed"] = dict(report.failed)
     _apply_compression(pub, opts.compress)
@@ -215,6 +210,23 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     report.packed_bytes = sum(s["bytes"] + (s["compressed"] or {}).get("bytes", 0) for s in index["shards"])
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _load_feeding(paths: list[Path], opts: PackOptions, index: dict[str, Any], ready: Callable[[Session], bool] | None,
+                  frames: FramePool, failed: dict[str, str]) -> list[Session]:
+    """Load and check every session; feed the workers at once the frames of each one
+    that will surely be encoded: not in index.json, and nothing for `prepare` to do
+    (`ready`). Up to EARLY_FRAMES of them, so results that wait for a long SLAM
+    run on other sessions stay a few hundred MB at most."""
+    out: list[Session] = []
+    budget = EARLY_FRAMES
+    for s in load_valid_sessions(paths, failed, check_images=True):
+        out.append(s)
+        keep = kept_frames(s, opts)
+        if s.name not in index["sessions"] and len(keep) <= budget and (ready is None or ready(s)):
+            frames.feed(s, keep)
+            budget -= len(keep)
+    return out
 
 
 def _prepared(sessions: list[Session], prepare: Callable[[list[Session]], dict[str, str]],
@@ -301,47 +313,16 @@ def _apply_compression(pub: Publisher, mode: str) -> None:
         index["compression"].update(used=False, error=disk_error(e, out))
 
 
-def _tasks(todo: Iterable[Pending], spec: ResizeSpec):
+def _encode_all(todo: list[Pending], frames: FramePool, pub: Publisher, opts: PackOptions, report: PackReport,
+                progress: bool) -> None:
+    """Queue every session not fed yet, then write and publish them in order."""
     for p in todo:
-        for i in p.keep:
-            yield (str(p.session.frame_paths[i]), spec)
-
-
-def _worker_init(lock_fd: int) -> None:
-    """A forked worker drops its copy of the out dir lock: only the pack holds it."""
-    try:
-        os.close(lock_fd)
-    except OSError:
-        pass
-    cache_image_buffers()
-
-
-def _encode_all(todo: list[Pending], pub: Publisher, opts: PackOptions, report: PackReport, progress: bool,
-                lock_fd: int) -> None:
-    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
-    workers = opts.workers or default_workers()
-    total = sum(len(p.keep) for p in todo)
-    # fork starts a pool in ~20 ms where spawn takes ~0.5 s (measured here); the
-    # workers only run PIL on their own inputs, so no lock state is inherited that
-    # they could trip on. Platforms without fork use spawn.
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    # Pillow imports its five core plugins at the first open/save: once here, before
-    # the fork, instead of once in every worker
-    Image.preinit()
-    bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
-    pool = ctx.Pool(workers, initializer=_worker_init, initargs=(lock_fd,))
-    try:
-        results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
+        if not frames.fed(p.session.name):
+            frames.feed(p.session, p.keep)
+    with tqdm(total=sum(len(p.keep) for p in todo), unit="img", desc="pack", disable=not progress,
+              dynamic_ncols=True) as bar:
         for p in todo:
-            _encode_session(p, results, pub, opts, report, bar)
-    except BaseException:
-        pool.terminate()
-        raise
-    else:
-        pool.close()
-    finally:
-        pool.join()
-        bar.close()
+            _encode_session(p, frames.results(p.session.name), pub, opts, report, bar)
 
 
 def _encode_session(pending: Pending, results, pub: Publisher, opts: PackOptions, report: PackReport,

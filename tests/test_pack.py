@@ -276,6 +276,29 @@ def test_compression_default_none_auto_probes_and_zstd_forces(raw_copy: Path, tm
     assert not r.packed and not list(out2.glob("*.zst"))
 
 
+def test_frames_fed_before_the_slam_stage_pack_the_same_and_a_refusal_still_fails(raw_copy: Path, tmp_path: Path):
+    """`ready` lets the workers start on a session before `prepare` (the SLAM stage)
+    has run: same shards as without it; a session prepare then refuses is failed
+    and its early results are dropped, the others are packed."""
+    plain = pack(raw_copy, tmp_path / "a", opts(), progress=False)
+    names = sorted(plain.packed)
+    asked: list[str] = []
+
+    def ready(s) -> bool:
+        asked.append(s.name)
+        return True
+
+    early = pack(raw_copy, tmp_path / "b", opts(), progress=False, ready=ready,
+                 prepare=lambda sessions: {names[1]: "slam: refused"})
+    assert sorted(asked) == names
+    assert early.failed == {names[1]: "slam: refused"} and sorted(early.packed) == [names[0], names[2]]
+    assert_consistent(tmp_path / "b")
+    shards = {p.name for p in (tmp_path / "b").glob("*.tar")}
+    assert shards and shards <= {p.name for p in (tmp_path / "a").glob("*.tar")}  # byte-identical shards
+    again = pack(raw_copy, tmp_path / "b", opts(), progress=False, ready=ready, prepare=lambda sessions: {})
+    assert again.packed == [names[1]] and sorted(again.reused) == [names[0], names[2]]
+
+
 def test_atomic_write_keeps_permissions(tmp_path: Path):
     from shardship.atomic import write_json
 

@@ -138,7 +138,7 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
 
     Re-running is cheap: unchanged sessions are kept as they are, a killed run
     resumes at the first unfinished session. Exit 1 if some sessions failed."""
-    from packer.pack import pack as do_pack
+    from packer.framepool import prefeed
 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
@@ -146,8 +146,12 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
                          shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
-    prepare, ready = _slam_stage(cfg, quiet) if slam else (None, None)
-    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready)
+    # the workers start on a first pack's frames before numpy and the sessions are loaded
+    with prefeed(raw_dir, out_dir, opts) as frames:
+        from packer.pack import pack as do_pack
+
+        prepare, ready = _slam_stage(cfg, quiet) if slam else (None, None)
+        r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready, frames=frames)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
     for name, ws in sorted(r.warnings.items()):

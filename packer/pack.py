@@ -37,8 +37,6 @@ from shardship.format import index as manifest
 from shardship.format.shards import ShardWriter
 from shardship.pil import describe as pil_describe
 
-EARLY_FRAMES = 8_000  # encoded early: ~0.2 GB at most wait in memory for a SLAM run on other sessions
-
 
 @dataclass
 class PackReport:
@@ -78,6 +76,15 @@ class Pending:
     session: Session
     keep: Any  # np.ndarray of positions into session.frames
     signature: str
+
+    @property
+    def paths(self) -> list[str]:
+        return frame_list(self.session, self.keep)
+
+
+def frame_list(session: Session, keep: Any) -> list[str]:
+    """The kept frames' files, as the workers are given them."""
+    return [str(session.frame_paths[i]) for i in keep]
 
 
 def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
@@ -147,6 +154,7 @@ def pack(
     progress: bool = True,
     prepare: Callable[[list[Session]], dict[str, str]] | None = None,
     ready: Callable[[Session], bool] | None = None,
+    frames: FramePool | None = None,
 ) -> PackReport:
     """Pack every valid session under `raw` into `out`. Raises only for problems that
     stop everything (unusable or busy out dir, index.json cannot be saved);
@@ -154,7 +162,9 @@ def pack(
     `prepare` runs once over the valid sessions before packing (the SLAM stage: it
     may rewrite poses.json/metadata.json) and returns {session: reason} refusals.
     `ready(session)` says prepare has nothing to do for it (its SLAM result is
-    cached), so its frames may be encoded before prepare runs."""
+    cached), so its frames may be encoded before prepare runs.
+    `frames`: a pool already encoding (packer.framepool.prefeed, for these options);
+    the caller closes it. Without one, pack runs its own."""
     opts = opts or PackOptions()
     if opts.crop not in ("squash", "center"):
         raise ShardshipError(f"--crop {opts.crop!r}: use squash or center")
@@ -166,12 +176,16 @@ def pack(
     except OSError as e:
         raise ShardshipError(f"cannot create output directory {out}: {e.strerror}") from None
     with locked(out) as lock_fd:
-        return _pack_locked(raw, out, opts, progress, prepare, ready, lock_fd)
+        if frames is not None:
+            assert frames.spec == ResizeSpec(opts.size, opts.crop, opts.quality)
+            return _pack_locked(raw, out, opts, progress, prepare, ready, frames)
+        with FramePool.for_options(opts, lock_fd) as own:
+            return _pack_locked(raw, out, opts, progress, prepare, ready, own)
 
 
 def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
                  prepare: Callable[[list[Session]], dict[str, str]] | None, ready: Callable[[Session], bool] | None,
-                 lock_fd: int) -> PackReport:
+                 frames: FramePool) -> PackReport:
     t0 = time.perf_counter()
     remove_stale_temps(out)
     pil = pil_describe()
@@ -186,21 +200,22 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
     report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
     paths = discover(raw)
-    with FramePool(opts.workers, ResizeSpec(opts.size, opts.crop, opts.quality), lock_fd) as frames:
-        sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
-        if prepare is not None and sessions:
-            sessions = _prepared(sessions, prepare, report.failed)
-        present = {p.name for p in paths}
-        report.removed = [name for name in index["sessions"] if name not in present]
-        for name in report.removed:
-            _drop_session(index, name)
-        if report.removed:
-            _save(pub)  # publish the removal, then its files go (frees their space before encoding)
+    sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
+    if prepare is not None and sessions:
+        sessions = _prepared(sessions, prepare, report.failed)
+    present = {p.name for p in paths}
+    report.removed = [name for name in index["sessions"] if name not in present]
+    for name in report.removed:
+        _drop_session(index, name)
+    if report.removed:
+        _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
-        todo = _to_encode(sessions, opts, options, index, pub, report)
-        if todo:
-            _encode_all(todo, frames, pub, opts, report, progress)
-            report.encode_seconds = time.perf_counter() - (frames.started or t0)
+    todo = _to_encode(sessions, opts, options, index, pub, report)
+    for name in report.failed:
+        frames.drop(name)
+    if todo:
+        _encode_all(todo, frames, pub, opts, report, progress)
+        report.encode_seconds = time.perf_counter() - max(frames.started or t0, t0)
 
     index["failed"] = dict(report.failed)
     _apply_compression(pub, opts.compress)
@@ -216,16 +231,18 @@ def _load_feeding(paths: list[Path], opts: PackOptions, index: dict[str, Any], r
                   frames: FramePool, failed: dict[str, str]) -> list[Session]:
     """Load and check every session; feed the workers at once the frames of each one
     that will surely be encoded: not in index.json, and nothing for `prepare` to do
-    (`ready`). Up to EARLY_FRAMES of them, so results that wait for a long SLAM
+    (`ready`). Up to the pool's early budget, so results that wait for a long SLAM
     run on other sessions stay a few hundred MB at most."""
     out: list[Session] = []
-    budget = EARLY_FRAMES
     for s in load_valid_sessions(paths, failed, check_images=True):
         out.append(s)
         keep = kept_frames(s, opts)
-        if s.name not in index["sessions"] and len(keep) <= budget and (ready is None or ready(s)):
-            frames.feed(s, keep)
-            budget -= len(keep)
+        fl = frame_list(s, keep)
+        if frames.fed(s.name, fl):
+            continue  # prefed from the directory listing, and it matches
+        if s.name not in index["sessions"] and len(fl) <= frames.early and (ready is None or ready(s)):
+            frames.feed(s.name, fl)
+            frames.early -= len(fl)
     return out
 
 
@@ -317,8 +334,8 @@ def _encode_all(todo: list[Pending], frames: FramePool, pub: Publisher, opts: Pa
                 progress: bool) -> None:
     """Queue every session not fed yet, then write and publish them in order."""
     for p in todo:
-        if not frames.fed(p.session.name):
-            frames.feed(p.session, p.keep)
+        if not frames.fed(p.session.name, p.paths):
+            frames.feed(p.session.name, p.paths)
     with tqdm(total=sum(len(p.keep) for p in todo), unit="img", desc="pack", disable=not progress,
               dynamic_ncols=True) as bar:
         for p in todo:

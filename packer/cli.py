@@ -131,9 +131,11 @@ def _pack_options(cfg: Config, **flags) -> PackOptions:
 @click.option("--slam/--no-slam", default=True, show_default=True,
               help="Run `packer slam` first for sessions without metric poses (cached).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--timings", is_flag=True, help="Also print where the CPU time went (main process per phase, workers).")
 @CONFIG_OPT
 @friendly_errors
-def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, slam, quiet, config_path) -> None:
+def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, slam, quiet, timings,
+         config_path) -> None:
     """Resize frames to 224x224 and write indexed tar shards + index.json.
 
     Re-running is cheap: unchanged sessions are kept as they are, a killed run
@@ -170,7 +172,22 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"
                    f"  ({out_dir / 'index.json'})")
+    if timings:
+        _print_timings(r.cpu)
     sys.exit(Exit.PARTIAL if r.failed else Exit.OK)
+
+
+def _print_timings(cpu: dict[str, float]) -> None:
+    """CPU seconds: this process per phase (threads included), then the worker
+    processes (reaped when the pool closed). On N cores the wall time is at least
+    the total over N: this says which part of the total to shrink."""
+    import resource
+
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    parts = {**cpu, "workers (decode, resize, encode, sha256)": workers.ru_utime + workers.ru_stime}
+    for phase, s in parts.items():
+        click.echo(f"cpu   {s:7.3f} s  {phase}")
+    click.echo(f"cpu   {sum(parts.values()):7.3f} s  total")
 
 
 @main.command()

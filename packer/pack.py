@@ -53,6 +53,12 @@ class PackReport:
     seconds: float = 0.0
     encode_seconds: float = 0.0  # the resize/encode/write phase alone
     pil: str = ""
+    # CPU seconds of this process (threads included) per phase, from process start:
+    # what `packer pack --timings` prints next to the workers' CPU
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str) -> None:
+        self.cpu[phase] = time.process_time() - sum(self.cpu.values())
 
     @property
     def saving(self) -> float:
@@ -187,9 +193,10 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
                  prepare: Callable[[list[Session]], dict[str, str]] | None, ready: Callable[[Session], bool] | None,
                  frames: FramePool) -> PackReport:
     t0 = time.perf_counter()
+    report = PackReport(out=out)
+    report.mark("start-up (interpreter, imports)")
     remove_stale_temps(out)
-    pil = pil_describe()
-    report = PackReport(out=out, pil=pil)
+    pil = report.pil = pil_describe()
     options = pack_options_dict(opts)
     # Changed options change every session's signature and fingerprint, so all are re-packed.
     index = manifest.load(out, required=False) or manifest.empty(options, pil)
@@ -201,8 +208,10 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
     paths = discover(raw)
     sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
+    report.mark("load and check sessions")
     if prepare is not None and sessions:
         sessions = _prepared(sessions, prepare, report.failed)
+    report.mark("SLAM stage")
     present = {p.name for p in paths}
     report.removed = [name for name in index["sessions"] if name not in present]
     for name in report.removed:
@@ -213,8 +222,10 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     todo = _to_encode(sessions, opts, options, index, pub, report)
     for name in report.failed:
         frames.drop(name)
+    report.mark("reuse decisions")
     if todo:
         _encode_all(todo, frames, pub, opts, report, progress)
+        report.mark("encode: plan, sample JSON, tar, publish")
         report.encode_seconds = time.perf_counter() - max(frames.started or t0, t0)
 
     index["failed"] = dict(report.failed)
@@ -224,6 +235,7 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     # what is on disk: every .tar, plus its .tar.zst where compression wrote one
     report.packed_bytes = sum(s["bytes"] + (s["compressed"] or {}).get("bytes", 0) for s in index["shards"])
     report.seconds = time.perf_counter() - t0
+    report.mark("finish (index.json, compression)")
     return report
 
 

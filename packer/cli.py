@@ -126,18 +126,21 @@ def _pack_options(cfg: Config, **flags) -> PackOptions:
 @click.option("--horizon", type=click.IntRange(1), default=None, help="Action chunk length [16].")
 @click.option("--workers", type=click.IntRange(0), default=None, help="Worker processes [all cores].")
 @click.option("--compress", type=click.Choice(["auto", "zstd", "none"]), default=None,
-              help="Also write .tar.zst shards: auto = only if a probe saves >10% [auto].")
+              help="Also write a .tar.zst beside each .tar (two copies on disk; uploads send the .zst): "
+                   "auto = only if a probe saves >10% [none].")
 @click.option("--slam/--no-slam", default=True, show_default=True,
               help="Run `packer slam` first for sessions without metric poses (cached).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--timings", is_flag=True, help="Also print where the CPU time went (main process per phase, workers).")
 @CONFIG_OPT
 @friendly_errors
-def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, slam, quiet, config_path) -> None:
+def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, slam, quiet, timings,
+         config_path) -> None:
     """Resize frames to 224x224 and write indexed tar shards + index.json.
 
     Re-running is cheap: unchanged sessions are kept as they are, a killed run
     resumes at the first unfinished session. Exit 1 if some sessions failed."""
-    from packer.pack import pack as do_pack
+    from packer.framepool import prefeed
 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
@@ -145,8 +148,12 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
                          shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
-    prepare = _slam_stage(cfg, quiet) if slam else None
-    r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare)
+    # the workers start on a first pack's frames before numpy and the sessions are loaded
+    with prefeed(raw_dir, out_dir, opts) as frames:
+        from packer.pack import pack as do_pack
+
+        prepare, ready = _slam_stage(cfg, quiet) if slam else (None, None)
+        r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready, frames=frames)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
     for name, ws in sorted(r.warnings.items()):
@@ -165,7 +172,22 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"
                    f"  ({out_dir / 'index.json'})")
+    if timings:
+        _print_timings(r.cpu)
     sys.exit(Exit.PARTIAL if r.failed else Exit.OK)
+
+
+def _print_timings(cpu: dict[str, float]) -> None:
+    """CPU seconds: this process per phase (threads included), then the worker
+    processes (reaped when the pool closed). On N cores the wall time is at least
+    the total over N: this says which part of the total to shrink."""
+    import resource
+
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    parts = {**cpu, "workers (decode, resize, encode, sha256)": workers.ru_utime + workers.ru_stime}
+    for phase, s in parts.items():
+        click.echo(f"cpu   {s:7.3f} s  {phase}")
+    click.echo(f"cpu   {sum(parts.values()):7.3f} s  total")
 
 
 @main.command()
@@ -192,20 +214,33 @@ def verify(out: str | None, quick: bool, config_path: str | None) -> None:
 
 def _slam_stage(cfg: Config, quiet: bool):
     """Metric poses for every session before packing (parallel, cached: a session
-    whose inputs did not change costs a fingerprint). ARKit sessions are skipped."""
+    whose inputs did not change costs a stat per frame, asked of the sessions pack
+    has loaded already). ARKit sessions are skipped. Returns (prepare, ready) for
+    packer.pack.pack: ready(session) is True when its result is cached, so pack may
+    encode its frames before prepare runs."""
     from packer.slam import SlamOptions, slam_sessions
+    from packer.slam.pipeline import cached_by_stat
 
     opts = SlamOptions.from_config(cfg.slam, cfg.scale)
     opts.progress = not quiet
+    opts.validate()
+    cached: set[str] = set()
+
+    def ready(session) -> bool:
+        if cached_by_stat(session, opts) is None:
+            return False
+        cached.add(session.name)
+        return True
 
     def prepare(sessions) -> dict[str, str]:
         failed = {}
-        for r in slam_sessions([s.path for s in sessions], opts):
+        todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
+        for r in slam_sessions(todo, opts) if todo else []:
             if r.status == "failed":
                 failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
         return failed
 
-    return prepare
+    return prepare, ready
 
 
 @main.command()

@@ -70,3 +70,9 @@ def process_frame(task: tuple[str, ResizeSpec]) -> tuple[bytes | None, bytes | N
         return jpg, hashlib.sha256(data).digest(), None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         return None, None, f"cannot decode JPEG ({e})"
+
+
+def process_frames(paths: list[str], spec: ResizeSpec) -> list[tuple[bytes | None, bytes | None, str | None]]:
+    """Worker entry for a chunk of frames (one task and one result message per
+    chunk, not per frame)."""
+    return [process_frame((p, spec)) for p in paths]

@@ -8,10 +8,9 @@ fingerprint) is never re-encoded."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,8 @@ from tqdm import tqdm
 from packer.actions import POSE_DIMS, RunningStats
 from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
-from packer.imageops import ResizeSpec, process_frame
+from packer.framepool import FramePool
+from packer.imageops import ResizeSpec
 from packer.intake import extract_all
 from packer.outdir import Publisher, disk_error, file_ok, locked, remember, shards_ok
 from packer.samples import SessionPlan, kept_frames, plan_session
@@ -35,7 +35,6 @@ from shardship.config import PackOptions
 from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.format import index as manifest
 from shardship.format.shards import ShardWriter
-from shardship.pil import cache_image_buffers
 from shardship.pil import describe as pil_describe
 
 
@@ -54,6 +53,12 @@ class PackReport:
     seconds: float = 0.0
     encode_seconds: float = 0.0  # the resize/encode/write phase alone
     pil: str = ""
+    # CPU seconds of this process (threads included) per phase, from process start:
+    # what `packer pack --timings` prints next to the workers' CPU
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str) -> None:
+        self.cpu[phase] = time.process_time() - sum(self.cpu.values())
 
     @property
     def saving(self) -> float:
@@ -61,10 +66,31 @@ class PackReport:
 
 
 def pack_options_dict(opts: PackOptions) -> dict[str, Any]:
-    """The options that change shard bytes (workers does not)."""
+    """The options that change shard bytes: not workers, and not compress (the .tar
+    bytes are the same either way; the .tar.zst copies follow the mode at every run,
+    so switching it never re-encodes a session)."""
     d = asdict(opts)
     d.pop("workers", None)
+    d.pop("compress", None)
     return d
+
+
+@dataclass
+class Pending:
+    """A session to encode. Its plan (sample JSON, action chunks, statistics) is made
+    in the main process while the workers already encode its frames."""
+    session: Session
+    keep: Any  # np.ndarray of positions into session.frames
+    signature: str
+
+    @property
+    def paths(self) -> list[str]:
+        return frame_list(self.session, self.keep)
+
+
+def frame_list(session: Session, keep: Any) -> list[str]:
+    """The kept frames' files, as the workers are given them."""
+    return [str(session.frame_paths[i]) for i in keep]
 
 
 def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes: int) -> dict[str, Any]:
@@ -116,14 +142,14 @@ def _finalise_stats(index: dict[str, Any]) -> None:
                       "count": astats.count if astats else 0, "pose_dims": POSE_DIMS}
 
 
-def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> list[Session]:
-    out = []
+def load_valid_sessions(paths: Iterable[Path], failed: dict[str, str], check_images: bool) -> Iterator[Session]:
+    """Each session that loads (one at a time, so the caller can act on it before
+    the next is read); the others go to `failed`."""
     for path in paths:
         try:
-            out.append(load_session(path, check_images=check_images))
+            yield load_session(path, check_images=check_images)
         except SessionError as e:
             failed[path.name] = f"{e.path}: {e.reason}"
-    return out
 
 
 def pack(
@@ -133,12 +159,18 @@ def pack(
     *,
     progress: bool = True,
     prepare: Callable[[list[Session]], dict[str, str]] | None = None,
+    ready: Callable[[Session], bool] | None = None,
+    frames: FramePool | None = None,
 ) -> PackReport:
     """Pack every valid session under `raw` into `out`. Raises only for problems that
     stop everything (unusable or busy out dir, index.json cannot be saved);
     per-session problems land in report.failed.
     `prepare` runs once over the valid sessions before packing (the SLAM stage: it
-    may rewrite poses.json/metadata.json) and returns {session: reason} refusals."""
+    may rewrite poses.json/metadata.json) and returns {session: reason} refusals.
+    `ready(session)` says prepare has nothing to do for it (its SLAM result is
+    cached), so its frames may be encoded before prepare runs.
+    `frames`: a pool already encoding (packer.framepool.prefeed, for these options);
+    the caller closes it. Without one, pack runs its own."""
     opts = opts or PackOptions()
     if opts.crop not in ("squash", "center"):
         raise ShardshipError(f"--crop {opts.crop!r}: use squash or center")
@@ -150,15 +182,21 @@ def pack(
     except OSError as e:
         raise ShardshipError(f"cannot create output directory {out}: {e.strerror}") from None
     with locked(out) as lock_fd:
-        return _pack_locked(raw, out, opts, progress, prepare, lock_fd)
+        if frames is not None:
+            assert frames.spec == ResizeSpec(opts.size, opts.crop, opts.quality)
+            return _pack_locked(raw, out, opts, progress, prepare, ready, frames)
+        with FramePool.for_options(opts, lock_fd) as own:
+            return _pack_locked(raw, out, opts, progress, prepare, ready, own)
 
 
 def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
-                 prepare: Callable[[list[Session]], dict[str, str]] | None, lock_fd: int) -> PackReport:
+                 prepare: Callable[[list[Session]], dict[str, str]] | None, ready: Callable[[Session], bool] | None,
+                 frames: FramePool) -> PackReport:
     t0 = time.perf_counter()
+    report = PackReport(out=out)
+    report.mark("start-up (interpreter, imports)")
     remove_stale_temps(out)
-    pil = pil_describe()
-    report = PackReport(out=out, pil=pil)
+    pil = report.pil = pil_describe()
     options = pack_options_dict(opts)
     # Changed options change every session's signature and fingerprint, so all are re-packed.
     index = manifest.load(out, required=False) or manifest.empty(options, pil)
@@ -169,13 +207,11 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
     report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
     paths = discover(raw)
-    sessions = load_valid_sessions(paths, report.failed, check_images=True)
+    sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
+    report.mark("load and check sessions")
     if prepare is not None and sessions:
-        report.failed.update(prepare(sessions))
-        # prepare may have rewritten poses.json/metadata.json: read those again (the
-        # frames were checked above and are unchanged)
-        ok = [s.path for s in sessions if s.name not in report.failed]
-        sessions = load_valid_sessions(ok, report.failed, check_images=False)
+        sessions = _prepared(sessions, prepare, report.failed)
+    report.mark("SLAM stage")
     present = {p.name for p in paths}
     report.removed = [name for name in index["sessions"] if name not in present]
     for name in report.removed:
@@ -183,13 +219,82 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     if report.removed:
         _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
-    todo: list[SessionPlan] = []
+    todo = _to_encode(sessions, opts, options, index, pub, report)
+    for name in report.failed:
+        frames.drop(name)
+    report.mark("reuse decisions")
+    if todo:
+        _encode_all(todo, frames, pub, opts, report, progress)
+        report.mark("encode: plan, sample JSON, tar, publish")
+        report.encode_seconds = time.perf_counter() - max(frames.started or t0, t0)
+
+    index["failed"] = dict(report.failed)
+    _apply_compression(pub, opts.compress)
+    _save(pub)
+    report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
+    # what is on disk: every .tar, plus its .tar.zst where compression wrote one
+    report.packed_bytes = sum(s["bytes"] + (s["compressed"] or {}).get("bytes", 0) for s in index["shards"])
+    report.seconds = time.perf_counter() - t0
+    report.mark("finish (index.json, compression)")
+    return report
+
+
+def _load_feeding(paths: list[Path], opts: PackOptions, index: dict[str, Any], ready: Callable[[Session], bool] | None,
+                  frames: FramePool, failed: dict[str, str]) -> list[Session]:
+    """Load and check every session; feed the workers at once the frames of each one
+    that will surely be encoded: not in index.json, and nothing for `prepare` to do
+    (`ready`). Up to the pool's early budget, so results that wait for a long SLAM
+    run on other sessions stay a few hundred MB at most."""
+    out: list[Session] = []
+    for s in load_valid_sessions(paths, failed, check_images=True):
+        out.append(s)
+        keep = kept_frames(s, opts)
+        fl = frame_list(s, keep)
+        if frames.fed(s.name, fl):
+            continue  # prefed from the directory listing, and it matches
+        if s.name not in index["sessions"] and len(fl) <= frames.early and (ready is None or ready(s)):
+            frames.feed(s.name, fl)
+            frames.early -= len(fl)
+    return out
+
+
+def _prepared(sessions: list[Session], prepare: Callable[[list[Session]], dict[str, str]],
+              failed: dict[str, str]) -> list[Session]:
+    """Run the SLAM stage, then read again the sessions whose poses.json or
+    metadata.json it rewrote (their frames were checked and are unchanged); the
+    others, e.g. every session on a cached re-run, are kept as loaded."""
+    def stamp(s: Session) -> list[tuple[int, int] | None]:
+        out: list[tuple[int, int] | None] = []
+        for name in ("poses.json", "metadata.json"):
+            try:
+                st = s.file(name).stat()
+                out.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return out
+
+    before = {s.name: stamp(s) for s in sessions}
+    failed.update(prepare(sessions))
+    kept: list[Session] = []
+    changed: list[Session] = []
+    for s in sessions:
+        if s.name not in failed:
+            (kept if stamp(s) == before[s.name] else changed).append(s)
+    reread = {s.name: s for s in load_valid_sessions([s.path for s in changed], failed, check_images=False)}
+    return [reread.get(s.name, s) for s in kept + changed if s.name not in failed]
+
+
+def _to_encode(sessions: list[Session], opts: PackOptions, options: dict[str, Any], index: dict[str, Any],
+               pub: Publisher, report: PackReport) -> list[Pending]:
+    """The sessions whose shards must be written; an unchanged one (same stat
+    signature, else same content fingerprint) with intact shards is kept."""
+    todo: list[Pending] = []
     for s in sessions:
         try:
             keep = kept_frames(s, opts)
             sig = stat_signature(s, keep, options, manifest.VERSION)
             entry = index["sessions"].get(s.name)
-            if shards_ok(out, entry, index, pub.stats) and entry is not None and (
+            if shards_ok(pub.out, entry, index, pub.stats) and entry is not None and (
                     entry.get("stat_signature") == sig
                     or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
                 entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
@@ -197,23 +302,10 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
                 if entry.get("warnings"):
                     report.warnings[s.name] = list(entry["warnings"])
                 continue
-            todo.append(plan_session(s, opts, sig))
+            todo.append(Pending(s, keep, sig))
         except SessionError as e:
             report.failed[s.name] = f"{e.path}: {e.reason}"
-
-    total_frames = sum(len(p.keep) for p in todo)
-    if todo:
-        t_enc = time.perf_counter()
-        _encode_all(todo, pub, opts, report, total_frames, progress, lock_fd)
-        report.encode_seconds = time.perf_counter() - t_enc
-
-    index["failed"] = dict(report.failed)
-    _apply_compression(pub, opts.compress)
-    _save(pub)
-    report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())
-    report.packed_bytes = sum(s["bytes"] for s in index["shards"])
-    report.seconds = time.perf_counter() - t0
-    return report
+    return todo
 
 
 def _save(pub: Publisher) -> None:
@@ -250,59 +342,38 @@ def _apply_compression(pub: Publisher, mode: str) -> None:
         index["compression"].update(used=False, error=disk_error(e, out))
 
 
-def _tasks(plans: Iterable[SessionPlan], spec: ResizeSpec):
-    for plan in plans:
-        for i in plan.keep:
-            yield (str(plan.session.frame_paths[i]), spec)
+def _encode_all(todo: list[Pending], frames: FramePool, pub: Publisher, opts: PackOptions, report: PackReport,
+                progress: bool) -> None:
+    """Queue every session not fed yet, then write and publish them in order."""
+    for p in todo:
+        if not frames.fed(p.session.name, p.paths):
+            frames.feed(p.session.name, p.paths)
+    with tqdm(total=sum(len(p.keep) for p in todo), unit="img", desc="pack", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for p in todo:
+            _encode_session(p, frames.results(p.session.name), pub, opts, report, bar)
 
 
-def _worker_init(lock_fd: int) -> None:
-    """A forked worker drops its copy of the out dir lock: only the pack holds it."""
-    try:
-        os.close(lock_fd)
-    except OSError:
-        pass
-    cache_image_buffers()
-
-
-def _encode_all(todo: list[SessionPlan], pub: Publisher, opts: PackOptions, report: PackReport, total: int,
-                progress: bool, lock_fd: int) -> None:
-    spec = ResizeSpec(opts.size, opts.crop, opts.quality)
-    workers = opts.workers or os.cpu_count() or 1
-    # fork starts a pool in ~20 ms where spawn takes ~0.5 s (measured here); the
-    # workers only run PIL on their own inputs, so no lock state is inherited that
-    # they could trip on. Platforms without fork use spawn.
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    bar = tqdm(total=total, unit="img", desc="pack", disable=not progress, dynamic_ncols=True)
-    pool = ctx.Pool(workers, initializer=_worker_init, initargs=(lock_fd,))
-    try:
-        results = pool.imap(process_frame, _tasks(todo, spec), chunksize=32)
-        for plan in todo:
-            _encode_session(plan, results, pub, opts, report, bar)
-    except BaseException:
-        pool.terminate()
-        raise
-    else:
-        pool.close()
-    finally:
-        pool.join()
-        bar.close()
-
-
-def _encode_session(plan: SessionPlan, results, pub: Publisher, opts: PackOptions, report: PackReport,
+def _encode_session(pending: Pending, results, pub: Publisher, opts: PackOptions, report: PackReport,
                     bar) -> None:
-    """Consume exactly this session's results (even after a failure, to stay in step
-    with the ordered result stream), write its shards, then publish it."""
-    s, out = plan.session, pub.out
-    writer = ShardWriter(out, s.name, opts.shard_bytes)
+    """Plan the session (the workers are busy with its frames meanwhile), consume
+    exactly its results (even after a failure, to stay in step with the ordered
+    result stream), write its shards, then publish it."""
+    s, out = pending.session, pub.out
     error: str | None = None
+    try:
+        plan = plan_session(s, opts, pending.signature)
+    except SessionError as e:
+        plan, error = None, f"{e.path}: {e.reason}"
+    writer = ShardWriter(out, s.name, opts.shard_bytes)
     digests: list[bytes] = []
     try:
-        for j, i in enumerate(plan.keep):
+        for j, i in enumerate(pending.keep):
             jpg, digest, err = next(results)
             bar.update(1)
             if error is not None:
                 continue
+            assert plan is not None  # error is set whenever planning failed
             if err is not None:
                 error = f"rgb/{s.frame_paths[i].name}: {err}; re-copy it from the phone or delete the frame"
                 writer.abort()
@@ -316,6 +387,7 @@ def _encode_session(plan: SessionPlan, results, pub: Publisher, opts: PackOption
                 writer.abort()
                 error = disk_error(e, out)
         if error is None:
+            assert plan is not None
             error = _publish_session(plan, writer, pub, digests, report)
     except BaseException:
         writer.abort()

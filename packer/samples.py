@@ -70,19 +70,24 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
         pstats.add(joints)
 
     metric = bool(poses_are_metric(session) and poses is not None)
+    # rounded and converted once per session, not per frame: the per-frame numpy
+    # calls were a tenth of the main process's work while the workers encode
+    pose_l, joint_l, action_l = _r(poses), np.round(joints, 6).tolist(), _r(actions)
+    mask_l, posed_l, t_l = mask.tolist(), posed.tolist(), t.tolist()
     metas = []
     for j, frame in enumerate(idx):
+        p = posed_l[j]
         metas.append({
-            "session": session.name, "frame": frame, "timestamp": float(t[j]),
+            "session": session.name, "frame": frame, "timestamp": t_l[j],
             "image_size": [opts.size, opts.size], "intrinsics": k,
-            "pose": _r(poses[j]) if poses is not None and posed[j] else None,  # posed[j] implies poses is set
-            "pose_metric": metric and bool(posed[j]),
-            "pose_flag": flags.get(frame, "given") if posed[j] else ("outside" if poses is not None else None),
-            "interpolated": flags.get(frame, "registered") != "registered" if posed[j] else False,
-            "proprio": _r(joints[j]),
+            "pose": pose_l[j] if pose_l is not None and p else None,  # posed[j] implies poses is set
+            "pose_metric": metric and p,
+            "pose_flag": flags.get(frame, "given") if p else ("outside" if poses is not None else None),
+            "interpolated": flags.get(frame, "registered") != "registered" if p else False,
+            "proprio": joint_l[j],
             "joints_valid": joints_valid,
-            "action": _r(actions[j]) if actions is not None and posed[j] else None,
-            "action_mask": mask[j].tolist(),
+            "action": action_l[j] if action_l is not None and p else None,
+            "action_mask": mask_l[j],
         })
     return SessionPlan(session, signature, keep, metas, astats, pstats, joints_valid, clock.to_json(),
                         int((~posed).sum()) if poses is not None else len(idx))
@@ -119,6 +124,6 @@ def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndar
     return enc.at(epoch), True
 
 
-def _r(x: np.ndarray) -> list:
+def _r(x: np.ndarray | None) -> list | None:
     """Micrometre / micro-radian precision: keeps sample JSON small."""
-    return np.round(x, 6).tolist()
+    return None if x is None else np.round(x, 6).tolist()

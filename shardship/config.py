@@ -30,7 +30,9 @@ class PackOptions:
     shard_bytes: int = 8 * 1024 * 1024  # ~90 shards for the reference 717 MB dataset
     horizon: int = 16  # action chunk length (steps)
     workers: int = 0  # 0 = os.cpu_count()
-    compress: str = "auto"  # "auto" | "zstd" | "none"
+    # "none": one copy on disk (the .tar); "zstd" | "auto" (if a probe saves >10%) also write
+    # a .tar.zst beside each .tar, which uploads send instead: two copies on disk
+    compress: str = "none"
 
 
 @dataclass

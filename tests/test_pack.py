@@ -248,21 +248,71 @@ def test_ctrl_c_mid_pack_then_rerun(raw_copy: Path, tmp_path: Path):
     assert len(index["sessions"]) == 3
 
 
-def test_compression_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path):
+def test_compression_default_none_auto_probes_and_zstd_forces(raw_copy: Path, tmp_path: Path):
     import zstandard
 
     out = tmp_path / "p"
-    pack(raw_copy, out, opts(), progress=False)  # default auto: JPEG does not pay
+    r = pack(raw_copy, out, opts(), progress=False)  # default none: one copy on disk
+    index = manifest.load(out)
+    assert index["compression"] == {"mode": "none", "probe_ratio": None, "used": False}
+    assert not list(out.glob("*.zst")) and all(sh["compressed"] is None for sh in index["shards"])
+    assert r.packed_bytes == sum(p.stat().st_size for p in out.glob("*.tar"))
+    r = pack(raw_copy, out, opts(compress="auto"), progress=False)
+    assert not r.packed and len(r.reused) == 3  # switching the mode re-encodes nothing
     index = manifest.load(out)
     assert index["compression"]["mode"] == "auto" and 0 < index["compression"]["probe_ratio"] <= 1.0
     assert index["compression"]["used"] == (index["compression"]["probe_ratio"] <= 0.9)
     out2 = tmp_path / "z"
-    pack(raw_copy, out2, opts(compress="zstd"), progress=False)
+    r = pack(raw_copy, out2, opts(compress="zstd"), progress=False)
+    assert r.packed and r.images
     index = manifest.load(out2)
     sh = index["shards"][0]
     z = out2 / sh["compressed"]["name"]
     assert sha256_file(z) == sh["compressed"]["sha256"]
     assert zstandard.ZstdDecompressor().decompressobj().decompress(z.read_bytes()) == (out2 / sh["name"]).read_bytes()
+    # the summary counts what is on disk: both copies
+    assert r.packed_bytes == sum(p.stat().st_size for p in out2.iterdir() if p.name.endswith((".tar", ".tar.zst")))
+    r = pack(raw_copy, out2, opts(), progress=False)  # back to none: the .tar.zst copies go, nothing re-encoded
+    assert not r.packed and not list(out2.glob("*.zst"))
+
+
+def test_frames_fed_before_the_slam_stage_pack_the_same_and_a_refusal_still_fails(raw_copy: Path, tmp_path: Path):
+    """`ready` lets the workers start on a session before `prepare` (the SLAM stage)
+    has run: same shards as without it; a session prepare then refuses is failed
+    and its early results are dropped, the others are packed."""
+    plain = pack(raw_copy, tmp_path / "a", opts(), progress=False)
+    names = sorted(plain.packed)
+    asked: list[str] = []
+
+    def ready(s) -> bool:
+        asked.append(s.name)
+        return True
+
+    early = pack(raw_copy, tmp_path / "b", opts(), progress=False, ready=ready,
+                 prepare=lambda sessions: {names[1]: "slam: refused"})
+    assert sorted(asked) == names
+    assert early.failed == {names[1]: "slam: refused"} and sorted(early.packed) == [names[0], names[2]]
+    assert_consistent(tmp_path / "b")
+    shards = {p.name for p in (tmp_path / "b").glob("*.tar")}
+    assert shards and shards <= {p.name for p in (tmp_path / "a").glob("*.tar")}  # byte-identical shards
+    again = pack(raw_copy, tmp_path / "b", opts(), progress=False, ready=ready, prepare=lambda sessions: {})
+    assert again.packed == [names[1]] and sorted(again.reused) == [names[0], names[2]]
+
+
+def test_prefed_frames_that_differ_from_the_checked_session_are_dropped(raw_copy: Path, tmp_path: Path):
+    """`prefeed` lists frames before a session is checked; pack uses them only when
+    they are exactly the kept frames (here the listing took every frame, the pack
+    keeps every 2nd), else drops them and feeds again: same shards as a plain pack."""
+    from packer.framepool import prefeed
+
+    plain = pack(raw_copy, tmp_path / "a", opts(stride=2), progress=False)
+    with prefeed(raw_copy, tmp_path / "b", opts()) as frames:
+        assert frames.started is not None  # a fresh out dir: already encoding
+        early = pack(raw_copy, tmp_path / "b", opts(stride=2), progress=False, frames=frames)
+    assert sorted(early.packed) == sorted(plain.packed) and not early.failed
+    assert {p.name for p in (tmp_path / "b").glob("*.tar")} == {p.name for p in (tmp_path / "a").glob("*.tar")}
+    with prefeed(raw_copy, tmp_path / "b", opts()) as frames:
+        assert frames.started is None  # index.json there: a re-run feeds nothing before the checks
 
 
 def test_atomic_write_keeps_permissions(tmp_path: Path):

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -34,9 +36,14 @@ def test_check_nan_imu_named(raw_copy: Path):
 
 
 def test_pack_cli_summary_and_missing_raw(raw_copy: Path, tmp_path: Path):
-    r = run("pack", "--raw", str(raw_copy), "--out", str(tmp_path / "p"), "--no-slam", "--quiet")
+    r = run("pack", "--raw", str(raw_copy), "--out", str(tmp_path / "p"), "--no-slam", "--quiet", "--timings")
     assert r.returncode == 0, r.stderr
     assert "packed 3 session(s)" in r.stdout and "saved" in r.stdout
+    assert not list((tmp_path / "p").glob("*.zst"))  # one copy on disk by default
+    cpu = {line.split(" s  ", 1)[1]: float(line[4:].split(" s  ")[0]) for line in r.stdout.splitlines()
+           if line.startswith("cpu ")}
+    assert cpu["workers (decode, resize, encode, sha256)"] > 0 and cpu["encode: plan, sample JSON, tar, publish"] > 0
+    assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"), abs=0.01)
     r = run("pack", "--raw", str(tmp_path / "absent"), "--out", str(tmp_path / "p"), "--no-slam")
     assert r.returncode == 2 and "raw directory" in r.stderr and "Traceback" not in r.stderr
 

@@ -7,6 +7,7 @@ on 2 cores."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,28 @@ def test_rerun_is_cached_and_writes_nothing(hand, hand_result):
     fp_a = store.input_fingerprint(load_session(hand), fast().fingerprint_options(), True)
     fp_b = store.input_fingerprint(load_session(hand), fast(mapper="incremental").fingerprint_options(), True)
     assert fp_a != fp_b
+
+
+def test_cached_by_stat_reads_no_frame_and_a_touched_frame_falls_back_to_content(hand, hand_result, monkeypatch):
+    from packer.slam.pipeline import cached_by_stat
+
+    real = store.input_fingerprint
+
+    def no_hashing(*a, **k):
+        raise AssertionError("the content fingerprint was computed for an unchanged session")
+
+    monkeypatch.setattr(store, "input_fingerprint", no_hashing)
+    assert slam_session(hand, fast()).status == "cached"
+    hit = cached_by_stat(load_session(hand), fast())
+    assert hit is not None and hit.status == "cached" and hit.scale == pytest.approx(hand_result.scale)
+    assert cached_by_stat(load_session(hand), fast(mapper="incremental")) is None  # other options: not this result
+    # same bytes, new mtime (a copy, a restore): the stat differs, the content decides
+    frame = sorted((hand / "rgb").glob("*.jpg"))[3]
+    st = frame.stat()
+    os.utime(frame, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert cached_by_stat(load_session(hand), fast()) is None
+    monkeypatch.setattr(store, "input_fingerprint", real)
+    assert slam_session(hand, fast()).status == "cached"
 
 
 def test_foreign_poses_are_kept_and_arkit_is_skipped(tmp_path):

@@ -250,15 +250,14 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
                           f"scale_factor {sf:.6g}): used as they are (--force redoes them)", metric=True,
                           method="user")
     imu = _preflight(session, opts)
-    fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu=opts.scale == "imu")
+    use_imu = opts.scale == "imu"
+    stat = store.input_stat(session, opts.fingerprint_options(), use_imu)
+    hit = None if opts.force else store.cached(session, stat=stat)
+    fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu) if hit is None else ""
     if not opts.force:
-        cached = store.cached(session, fp)
+        cached = hit or store.cached(session, fp)
         if cached is not None:
-            res = SlamResult(name, path, "cached", _summary(cached), metric=bool(cached.get("metric")),
-                             scale=cached.get("scale"), method=str(cached.get("method", "")), info=cached)
-            if opts.plot:
-                res.plot = _plot_stored(session, res)
-            return res
+            return _cached_result(session, opts, cached)
 
     kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages)
     reg_frac = len(key_pos) / len(kpos)
@@ -270,6 +269,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     info: dict[str, Any] = {
         "version": store.SLAM_VERSION,
         "fingerprint": fp,
+        "input_stat": stat,
         "mapper": opts.mapper,
         "frontend": opts.frontend,
         "keyframe_step": opts.step_for(_fps(session)),
@@ -307,6 +307,29 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     if opts.plot:
         result.plot = _plot(session, poses, flags, result.message, metric)
     return result
+
+
+def _cached_result(session: Session, opts: SlamOptions, info: dict[str, Any]) -> SlamResult:
+    res = SlamResult(session.name, session.path, "cached", _summary(info), metric=bool(info.get("metric")),
+                     scale=info.get("scale"), method=str(info.get("method", "")), info=info)
+    if opts.plot:
+        res.plot = _plot_stored(session, res)
+    return res
+
+
+def cached_by_stat(session: Session, opts: SlamOptions) -> SlamResult | None:
+    """The stored result of an already loaded session whose inputs' stat is what
+    the last run recorded (no frame read), else None: `packer pack` asks this first
+    and sends only the others to `slam_sessions`. Sessions the stage skips (ARKit,
+    the user's own calibrated poses) carry no stored stat, so they go there too."""
+    if opts.force or session.capture == CAPTURE_ARKIT:
+        return None
+    try:
+        _preflight(session, opts)
+    except SessionError:
+        return None  # slam_sessions says why
+    info = store.cached(session, stat=store.input_stat(session, opts.fingerprint_options(), opts.scale == "imu"))
+    return None if info is None else _cached_result(session, opts, info)
 
 
 def _reconstruct_keyframes(

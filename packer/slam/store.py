@@ -9,7 +9,11 @@ Output, in the session (what the StackCapture tools read):
 Raw data is never lost: a non-empty poses.json that shardship did not write is
 renamed to poses.orig.json (poses.orig.1.json, ... if that exists) first.
 A re-run with the same inputs and options finds the same fingerprint in
-metadata.json and a poses.json whose hash matches, and does nothing."""
+metadata.json and a poses.json whose hash matches, and does nothing. Two levels, as
+`packer pack` does for its shards: the stat of the inputs (`input_stat`: sizes and
+mtimes, no reads) decides a re-run without reading a frame; only when it differs
+(e.g. the session was copied) does the content fingerprint, which hashes every
+frame, decide."""
 from __future__ import annotations
 
 import hashlib
@@ -49,6 +53,24 @@ def input_fingerprint(session: Session, options: dict[str, Any], use_imu: bool) 
     return h.hexdigest()
 
 
+def input_stat(session: Session, options: dict[str, Any], use_imu: bool) -> str:
+    """The stat-level twin of `input_fingerprint`: the same inputs by name, size and
+    mtime (a rewrite changes one of them), so a cached session costs one stat per
+    frame instead of reading and hashing every frame."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"v": SLAM_VERSION, "options": options, "source": session.capture_source, "stat": 1},
+                        sort_keys=True).encode())
+    h.update(np.ascontiguousarray(session.timestamps, dtype="<f8").tobytes())
+    for name in ("calib.txt", "imu.json") if use_imu else ("calib.txt",):
+        p = session.file(name)
+        st = p.stat() if p.exists() else None
+        h.update(f"{name}\0{st.st_size if st else -1}\0{st.st_mtime_ns if st else -1}\0".encode())
+    for idx, p in zip(session.frames, session.frame_paths):
+        st = p.stat()
+        h.update(f"{int(idx)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
+
+
 def load_metadata(session: Session) -> dict[str, Any]:
     p = session.file("metadata.json")
     if not p.exists():
@@ -57,10 +79,14 @@ def load_metadata(session: Session) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def cached(session: Session, fingerprint: str) -> dict[str, Any] | None:
-    """The stored results when this exact input was already processed, else None."""
+def cached(session: Session, fingerprint: str | None = None, stat: str | None = None) -> dict[str, Any] | None:
+    """The stored results when this exact input was already processed, else None:
+    by content `fingerprint`, or by `stat` (input_stat) when the stored one matches."""
     info = load_metadata(session).get(KEY)
-    if not isinstance(info, dict) or info.get("fingerprint") != fingerprint:
+    if not isinstance(info, dict):
+        return None
+    if not ((fingerprint is not None and info.get("fingerprint") == fingerprint)
+            or (stat is not None and info.get("input_stat") == stat)):
         return None
     p = session.file("poses.json")
     if not p.exists() or _sha(p.read_bytes()) != info.get("poses_sha256"):

@@ -84,11 +84,12 @@ def _flow(prev: np.ndarray, cur: np.ndarray, pts: np.ndarray, opt: TrackOptions)
 
     if len(pts) == 0:
         return pts, np.zeros(0, bool)
-    lk = dict(winSize=(opt.win, opt.win), maxLevel=opt.levels,
-              criteria=(cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 20, 0.03))
+    win, crit = (opt.win, opt.win), (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 20, 0.03)
     p0 = pts.reshape(-1, 1, 2).astype(np.float32)
-    p1, st1, _ = cv2.calcOpticalFlowPyrLK(prev, cur, p0, None, **lk)
-    back, st2, _ = cv2.calcOpticalFlowPyrLK(cur, prev, p1, None, **lk)
+    p1, st1, _ = cv2.calcOpticalFlowPyrLK(prev, cur, p0, None, winSize=win, maxLevel=opt.levels,  # type: ignore[call-overload]
+                                          criteria=crit)
+    back, st2, _ = cv2.calcOpticalFlowPyrLK(cur, prev, p1, None, winSize=win, maxLevel=opt.levels,  # type: ignore[call-overload]
+                                            criteria=crit)
     fb = np.linalg.norm((back - p0).reshape(-1, 2), axis=1)
     h, w = cur.shape
     p1 = p1.reshape(-1, 2)

@@ -6,8 +6,10 @@ Public API:
     interpolate_poses(frame_ts, key_ts, key_poses) -> (poses (N,4,4), flags (N,))
 """
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
-from packer.slam.pipeline import SCALE_METHODS, SlamOptions, SlamResult, slam_session, slam_sessions
+from packer.slam.options import SlamOptions
+from packer.slam.pipeline import SlamResult, slam_session, slam_sessions
 from packer.slam.scale import ScaleOptions
+from packer.slam.scale_methods import SCALE_METHODS
 
 __all__ = [
     "FLAG_NAMES",

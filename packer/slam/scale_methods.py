@@ -24,7 +24,7 @@ from packer.slam.marker import (
 from packer.slam.scale import ScaleRefused, solve_scale
 
 if TYPE_CHECKING:
-    from packer.slam.pipeline import SlamOptions
+    from packer.slam.options import SlamOptions
 
 SCALE_METHODS = ("imu", "marker", "known-distance", "none")
 

@@ -1,0 +1,109 @@
+"""`SlamOptions`: every knob of `packer slam`, from shardship.toml's [slam] and
+[scale] sections and the CLI. Kept apart from the pipeline so the options (and
+their validation, fingerprint and derived SfM options) read in one place."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from packer.slam.colmap import FRONTENDS, MAPPERS, SfmOptions
+from packer.slam.marker import MarkerError, parse_known_distance
+from packer.slam.scale import ScaleOptions
+from packer.slam.scale_methods import SCALE_METHODS
+from shardship.errors import ShardshipError
+
+
+@dataclass
+class SlamOptions:
+    mapper: str = "global"  # "global" (GLOMAP) | "incremental"
+    frontend: str = "klt"  # "klt" (tracked corners, keyframes by parallax) | "sift" (every Nth frame, matched)
+    keyframe_step: int | None = None  # klt: a keyframe candidate every N frames (None: 0.1 s); sift: SfM on every Nth
+    min_parallax_px: float = 16.0  # klt: a candidate becomes a keyframe once its tracks moved this far (median)
+    max_tracks: int = 400  # klt: corners tracked per frame
+    max_keyframe_gap: float = 0.2  # klt: seconds; cubic interpolation over 0.2 s of hand motion errs ~1 mm
+    scale: str = "imu"  # "imu" | "marker" | "known-distance" | "none"
+    marker_size: float | None = None  # metres, --scale marker
+    marker_dict: str = "DICT_4X4_50"
+    marker_id: int | None = None
+    known_distance: str | None = None  # "A:B:METRES", --scale known-distance
+    plot: bool = False
+    force: bool = False  # ignore the cache
+    threads: int = 2  # per session (SIFT, matching, mapper)
+    max_features: int = 2048
+    first_octave: int = 0  # 0: SIFT at native resolution (-1 upsamples: 3x slower, no better here)
+    overlap: int | None = None  # keyframes matched with the next N (None: klt 2, sift 5)
+    tracks_per_view: int = 60  # GLOMAP: tracks kept per image for global positioning (cost ~ tracks)
+    retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
+    min_frames: int = 10
+    min_registered: float = 0.5  # refuse below this registered fraction
+    min_baseline: float = 0.005  # refuse scale when the path (RMS) spans less of the median scene depth
+    max_imu_offset: float | None = None  # bound the clock search (s) around start alignment
+    seed: int = 0
+    scale_options: ScaleOptions = field(default_factory=ScaleOptions)
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.mapper not in MAPPERS:
+            raise ShardshipError(f"--mapper must be one of {', '.join(MAPPERS)}, got {self.mapper!r}")
+        if self.scale not in SCALE_METHODS:
+            raise ShardshipError(f"--scale must be one of {', '.join(SCALE_METHODS)}, got {self.scale!r}")
+        if self.frontend not in FRONTENDS:
+            raise ShardshipError(f"--frontend must be one of {', '.join(FRONTENDS)}, got {self.frontend!r}")
+        if self.keyframe_step is not None and self.keyframe_step < 1:
+            raise ShardshipError("--keyframe-step must be >= 1")
+        if self.scale == "marker" and not (self.marker_size and self.marker_size > 0):
+            raise ShardshipError("--scale marker needs --marker-size METRES (the printed marker's side length)")
+        if self.scale == "known-distance":
+            if not self.known_distance:
+                raise ShardshipError("--scale known-distance needs --known-distance FRAME_A:FRAME_B:METRES")
+            try:
+                parse_known_distance(self.known_distance)
+            except MarkerError as e:
+                raise ShardshipError(str(e)) from None
+
+    def fingerprint_options(self) -> dict[str, Any]:
+        """Options that change the output (not progress, plotting, force)."""
+        d = dataclasses.asdict(self)
+        for k in ("plot", "force", "progress", "threads"):
+            d.pop(k)
+        return d
+
+    def sfm_options(self) -> SfmOptions:
+        overlap = self.overlap if self.overlap is not None else (2 if self.frontend == "klt" else 5)
+        return SfmOptions(
+            mapper=self.mapper, frontend=self.frontend, threads=self.threads, max_features=self.max_features,
+            first_octave=self.first_octave, overlap=overlap, seed=self.seed,
+            tracks_per_view=self.tracks_per_view, retriangulate=self.retriangulate,
+        )
+
+    def step_for(self, fps: float) -> int:
+        """Frames between keyframe candidates (klt) or keyframes (sift): the option, else
+        0.1 s of video for klt (6 frames at 60 fps, 3 at 30) and 3 frames for sift."""
+        if self.keyframe_step is not None:
+            return self.keyframe_step
+        return max(1, round(fps / 10)) if self.frontend == "klt" else 3
+
+    @classmethod
+    def from_config(cls, slam_section: dict[str, Any], scale_section: dict[str, Any],
+                    **overrides: Any) -> SlamOptions:
+        """[slam] and [scale] sections of shardship.toml, then CLI overrides (None = unset)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"scale_options"}
+        snames = {f.name for f in dataclasses.fields(ScaleOptions)}
+        kw: dict[str, Any] = {}
+        for k, v in slam_section.items():
+            k2 = k.replace("-", "_")
+            if k2 not in names:
+                raise ShardshipError(f"[slam]: unknown key {k!r} (known: {', '.join(sorted(names))})")
+            kw[k2] = v
+        skw: dict[str, Any] = {}
+        for k, v in scale_section.items():
+            k2 = k.replace("-", "_")
+            if k2 == "method":
+                kw["scale"] = v
+            elif k2 in snames:
+                skw[k2] = v
+            else:
+                raise ShardshipError(f"[scale]: unknown key {k!r} (known: method, {', '.join(sorted(snames))})")
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(scale_options=ScaleOptions(**skw), **kw)

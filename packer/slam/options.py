@@ -32,7 +32,7 @@ class SlamOptions:
     threads: int = 2  # per session (SIFT, matching, mapper)
     max_features: int = 2048
     first_octave: int = 0  # 0: SIFT at native resolution (-1 upsamples: 3x slower, no better here)
-    overlap: int | None = None  # keyframes matched with the next N (None: klt 2, sift 5)
+    overlap: int = 5  # keyframes matched with the next N (tracks alive across 1 s tie the scale together)
     tracks_per_view: int = 60  # GLOMAP: tracks kept per image for global positioning (cost ~ tracks)
     retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
     min_frames: int = 10
@@ -70,10 +70,9 @@ class SlamOptions:
         return d
 
     def sfm_options(self) -> SfmOptions:
-        overlap = self.overlap if self.overlap is not None else (2 if self.frontend == "klt" else 5)
         return SfmOptions(
             mapper=self.mapper, frontend=self.frontend, threads=self.threads, max_features=self.max_features,
-            first_octave=self.first_octave, overlap=overlap, seed=self.seed,
+            first_octave=self.first_octave, overlap=self.overlap, seed=self.seed,
             tracks_per_view=self.tracks_per_view, retriangulate=self.retriangulate,
         )
 

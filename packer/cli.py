@@ -81,8 +81,9 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--motion", type=click.Choice(["hand", "rotation-only", "static"]), default="hand", show_default=True,
-              help="rotation-only: scale is unobservable (SLAM must refuse); static: identical frames.")
+@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static"]), default="hand",
+              show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
+              "scale is unobservable (SLAM must refuse); static: identical frames.")
 @click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
               help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
 @click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,

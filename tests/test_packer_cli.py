@@ -52,3 +52,13 @@ def test_bad_config_is_a_usage_error(tmp_path: Path):
     (tmp_path / "shardship.toml").write_text("[pack]\nqualty = 80\n")
     r = run("pack", "--no-slam", cwd=tmp_path)
     assert r.returncode == 2 and "unknown key 'qualty'" in r.stderr
+
+
+def test_synth_offers_every_motion_the_synthesiser_has():
+    """The CLI lists the motions by hand (importing the synthesiser would cost every
+    packer command numpy's start-up); this keeps the two lists equal."""
+    from packer.cli import synth
+    from packer.synth import MOTIONS
+
+    opt = next(p for p in synth.params if p.name == "motion")
+    assert sorted(opt.type.choices) == sorted(MOTIONS)

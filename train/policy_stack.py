@@ -85,6 +85,9 @@ def color_jitter(x: torch.Tensor) -> torch.Tensor:
 class StackObsEncoder(nn.Module):
     """(images, normalised proprio) of an obs_horizon window -> (B, embed_dim)."""
 
+    img_mean: torch.Tensor  # buffers (ImageNet statistics), declared for type checkers
+    img_std: torch.Tensor
+
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__()
         self.cfg = dict(cfg)

@@ -156,7 +156,8 @@ class ConditionalUnet1D(nn.Module):
             h = F.pad(h, (0, pad), mode="replicate")
         skips = []
         for i, blocks in enumerate(self.encoder_blocks):
-            for block in blocks:  # type: ignore[union-attr]  # a ModuleList of two blocks
+            assert isinstance(blocks, nn.ModuleList)  # built in __init__: two FiLM residual blocks
+            for block in blocks:
                 h = block(h, cond)
             skips.append(h)
             if i < len(self.downsamples):
@@ -165,7 +166,8 @@ class ConditionalUnet1D(nn.Module):
             h = block(h, cond)
         for i, blocks in enumerate(self.decoder_blocks):
             h = torch.cat([h, skips.pop()], dim=1)
-            for block in blocks:  # type: ignore[union-attr]
+            assert isinstance(blocks, nn.ModuleList)
+            for block in blocks:
                 h = block(h, cond)
             if i < len(self.upsamples):
                 h = self.upsamples[i](h)

@@ -53,7 +53,8 @@ def main() -> None:
               help="Model preset (default small; tiny trains on a CPU in minutes; stack is the user's "
                    "ResNet18 + ConditionalUnet1D policy, 17.5 M parameters, 6.4 M trainable).")
 @click.option("--backbone-weights", default=None,
-              help="stack: ResNet18 ImageNet weights: hub (torch hub cache, default), a .pth file, or none (random init).")
+              help="stack: ResNet18 ImageNet weights: hub (torch hub cache, default), a .pth file, "
+                   "or none (random init).")
 @click.option("--time-limit", default=None, help="HH:MM:SS: checkpoint and stop before this much wall time.")
 @click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")

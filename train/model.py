@@ -88,8 +88,8 @@ def noise_scheduler(cfg: Mapping[str, Any], sampler: str = "ddpm") -> Any:
 
     kw = dict(num_train_timesteps=cfg["diffusion_steps"], beta_schedule="squaredcos_cap_v2",
               prediction_type=cfg["prediction"], clip_sample=True, clip_sample_range=cfg["clip_sample"])
-    if sampler == "ddim":
-        return DDIMScheduler(**kw, set_alpha_to_one=True, steps_offset=0)
+    if sampler == "ddim":  # "trailing": the first of few steps starts from t = T-1 (pure noise), as trained
+        return DDIMScheduler(**kw, set_alpha_to_one=True, steps_offset=0, timestep_spacing="trailing")
     return DDPMScheduler(**kw)
 
 

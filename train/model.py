@@ -172,7 +172,7 @@ class DiffusionPolicy(nn.Module):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
         if self.training and self.cfg["aug_shift"] > 0:
             x = random_shift(x, self.cfg["aug_shift"])
-        return x.sub(0.5).mul(2.0)
+        return x.sub(0.5).mul_(2.0)
 
     def encode(self, image: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
         """Observation features (B, F): images (B, [N,] H, W, 3) or (B, [N,] 3, H, W),

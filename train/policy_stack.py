@@ -40,7 +40,7 @@ def frames(image: torch.Tensor, n: int) -> torch.Tensor:
     x = image if image.dim() == 5 else image.unsqueeze(1)
     if x.shape[-1] == 3 and x.shape[-3] != 3:  # channels last
         x = x.permute(0, 1, 4, 2, 3)
-    x = x.float().div(255.0) if not x.is_floating_point() else x.float()
+    x = x.float().div_(255.0) if not x.is_floating_point() else x.float()  # in place on the new float copy
     return fill_window(x, n)
 
 

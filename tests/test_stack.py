@@ -215,3 +215,25 @@ def test_train_run_model_stack_on_cpu(tmp_path: Path) -> None:
     assert "per-session means (the user's eval):" in r.stdout
     res = json.loads((out / "eval.json").read_text())
     assert {"position_cm", "rotation_deg", "joint_deg"} <= set(res) and res["sampler"] == "ddim"
+
+
+def test_wandb_when_enabled_and_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb is optional: a stub module stands in for it; the run id is kept for resume."""
+    import types
+
+    calls: list[tuple[str, object]] = []
+    run = types.SimpleNamespace(log=lambda vals, step: calls.append(("log", (step, vals))),
+                                finish=lambda: calls.append(("finish", None)))
+    stub = types.SimpleNamespace(util=types.SimpleNamespace(generate_id=lambda: "abc123"),
+                                 init=lambda **kw: calls.append(("init", kw)) or run)
+    monkeypatch.setitem(sys.modules, "wandb", stub)
+    log = ScalarLog.open(tmp_path, tensorboard=False, wandb=True, project="stack", config=TrainConfig())
+    log.write({"step": 5, "loss": 0.25})
+    log.close()
+    init = dict(calls[0][1])  # type: ignore[call-overload]
+    assert init["project"] == "stack" and init["id"] == "abc123" and init["resume"] == "allow"
+    assert init["config"]["warmup"] == 200
+    assert calls[1] == ("log", (5, {"train/loss": 0.25})) and calls[2][0] == "finish"
+    assert (tmp_path / "wandb_id.txt").read_text().strip() == "abc123"
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed: a warning, no logger
+    assert not ScalarLog.open(tmp_path, tensorboard=False, wandb=True).active

@@ -15,9 +15,8 @@ from train.evaluate import chunk_errors, rot6d_to_matrix, rotation_error_deg
 from train.model import (
     DiffusionPolicy,
     checkpoint_bytes,
-    cosine_alphas_cumprod,
-    ddim_timesteps,
     model_config,
+    noise_scheduler,
     parameter_count,
     random_shift,
 )
@@ -87,13 +86,30 @@ def test_normaliser_roundtrip_and_constant_dims() -> None:
     assert torch.equal(m2.action_mean, m.action_mean), "the normaliser travels with the weights"
 
 
-def test_cosine_schedule_and_ddim_steps() -> None:
-    ac = cosine_alphas_cumprod(100)
-    assert ac.shape == (100,) and 0.99 < ac[0] <= 1 and ac[-1] < 1e-3
-    assert torch.all(ac[1:] < ac[:-1])
-    ts = ddim_timesteps(100, 10)
-    assert ts[0] == 99 and ts[-1] == 0 and len(ts) == 10 and ts == sorted(ts, reverse=True)
-    assert ddim_timesteps(5, 50) == [4, 3, 2, 1, 0]
+def test_diffusers_schedule_round_trip() -> None:
+    """diffusers' DDPM (squaredcos_cap_v2) noises a chunk with the cosine alphas, and
+    one DDPM / DDIM step from a perfect noise prediction lands back on the chunk's path."""
+    cfg = model_config(TINY, diffusion_steps=100)
+    ddpm = noise_scheduler(cfg, "ddpm")
+    ac = ddpm.alphas_cumprod
+    assert ac.shape == (100,) and 0.99 < ac[0] <= 1 and ac[-1] < 1e-3 and torch.all(ac[1:] < ac[:-1])
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(4, 16, 13, generator=g)
+    noise = torch.randn(4, 16, 13, generator=g)
+    t = torch.tensor([0, 10, 50, 99])
+    xt = ddpm.add_noise(x0, noise, t)
+    assert xt.shape == x0.shape
+    a = ac[t].view(4, 1, 1)
+    assert torch.allclose(xt, a.sqrt() * x0 + (1 - a).sqrt() * noise, atol=1e-5)
+    for kind, n in (("ddpm", 100), ("ddim", 10)):
+        s = noise_scheduler(cfg, kind)
+        s.set_timesteps(n)
+        assert len(s.timesteps) == n and int(s.timesteps[0]) == 99 and list(s.timesteps) == sorted(s.timesteps)[::-1]
+        t0 = int(s.timesteps[-1])
+        last = s.step(noise[:1], t0, ddpm.add_noise(x0[:1], noise[:1], torch.tensor([t0])),
+                      generator=torch.Generator().manual_seed(1))
+        assert last.prev_sample.shape == (1, 16, 13)
+        assert torch.allclose(last.pred_original_sample, x0[:1].clamp(-5, 5), atol=1e-3), kind
 
 
 def test_lr_warmup_then_cosine() -> None:

@@ -36,6 +36,15 @@ DEFAULTS: dict[str, Any] = {
     "prediction": "epsilon",  # what the denoiser predicts: "epsilon" (noise) or "sample" (clean chunk)
     "clip_sample": 5.0,  # clamp predicted x0 (z-scored units) while sampling
     "aug_shift": 4,  # random-shift augmentation (pixels at obs_size) while training
+    "sampler": "ddim",  # train eval / sample(): "ddim" (ddim_steps, deterministic) or "ddpm" (every step)
+    # the `stack` architecture (the user's policy); ignored by arch "shardship"
+    "arch": "shardship",  # "shardship" (CNN from scratch + TemporalUNet) or "stack" (ResNet18 + ConditionalUnet1D)
+    "obs_horizon": 1,  # frames per observation window (a shorter batch repeats its first frame)
+    "freeze_backbone": True,  # stack: only the ResNet's new fc layer trains
+    "backbone_weights": "hub",  # stack: "hub" (torch hub cache file), a .pth path, or "none" (random init)
+    "backbone_norm": "batch",  # stack: "batch" (ImageNet weights) or "group" (Chi et al.'s swap, random init)
+    "crop_scale": 1.07,  # stack: resize to 1.07x, random crop back (training only; 1 = off)
+    "color_jitter": True,  # stack: brightness/contrast/saturation jitter (training only)
 }
 MODEL_KEYS = frozenset(DEFAULTS)
 
@@ -49,7 +58,14 @@ PRESETS: dict[str, dict[str, Any]] = {
              "unet_dims": [32, 64, 128], "diffusion_steps": 50, "ddim_steps": 8, "prediction": "sample"},
     "small": {},
     "base": {"unet_dims": [128, 256, 512]},
+    # the user's policy (corneliusgruss/stack, docs/results_v2.md): ImageNet ResNet18 (frozen) per frame of a
+    # 2-frame window at 224x224, embed/hidden 64, ConditionalUnet1D 64/128/256 with FiLM, DDPM 100 steps
+    # (squaredcos_cap_v2) sampled with DDPM as published: 17.5 M parameters, 6.4 M trainable
+    "stack": {"arch": "stack", "obs_size": 224, "embed_dim": 64, "time_embed": 64, "unet_dims": [64, 128, 256],
+              "obs_horizon": 2, "diffusion_steps": 100, "sampler": "ddpm", "aug_shift": 0},
 }
+CHOICES: dict[str, tuple[str, ...]] = {"prediction": ("epsilon", "sample"), "sampler": ("ddim", "ddpm"),
+                                       "arch": ("shardship", "stack"), "backbone_norm": ("batch", "group")}
 
 
 def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
@@ -69,11 +85,16 @@ def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict
             if k in MODEL_KEYS and v is not None:
                 out[k] = list(v) if isinstance(v, (list, tuple)) else v
     for k in ("image_size", "action_dim", "proprio_dim", "horizon", "obs_size", "embed_dim", "proprio_embed",
-              "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift"):
+              "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift", "obs_horizon"):
         out[k] = int(out[k])
-    out["clip_sample"] = float(out["clip_sample"])
-    if out["prediction"] not in ("epsilon", "sample"):
-        raise ShardshipError(f"model config: prediction must be epsilon or sample (got {out['prediction']!r})")
+    out["clip_sample"], out["crop_scale"] = float(out["clip_sample"]), float(out["crop_scale"])
+    out["freeze_backbone"], out["color_jitter"] = bool(out["freeze_backbone"]), bool(out["color_jitter"])
+    out["backbone_weights"] = str(out["backbone_weights"])
+    for k, allowed in CHOICES.items():
+        if out[k] not in allowed:
+            raise ShardshipError(f"model config: {k} must be {' or '.join(allowed)} (got {out[k]!r})")
+    if out["obs_horizon"] < 1:
+        raise ShardshipError(f"model config: obs_horizon must be >= 1 (got {out['obs_horizon']})")
     if out["action_dim"] < 1 or out["horizon"] < 1 or out["proprio_dim"] < 0:
         raise ShardshipError(f"model config: action_dim/horizon must be >= 1, proprio_dim >= 0 "
                              f"(got {out['action_dim']}, {out['horizon']}, {out['proprio_dim']})")
@@ -85,6 +106,8 @@ def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict
 
 
 # ------------------------------------------------------------------ [train]
+DEVICES = ("auto", "cuda", "mps", "cpu")
+
 @dataclass
 class TrainConfig:
     """[train] in shardship.toml; CLI flags override. Model keys (obs_size,
@@ -109,7 +132,10 @@ class TrainConfig:
     window: int = 8  # shards shuffled together
     log_every: int = 10
     amp: bool = True
-    device: str = "auto"  # auto | cuda | cpu
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cuda | mps | cpu
+    tensorboard: bool = True  # event files next to metrics.jsonl (rank 0), when tensorboard is installed
+    wandb: bool = False  # also log to Weights & Biases, when wandb is installed
+    wandb_project: str = "shardship"
     time_limit: str | None = None  # "HH:MM:SS" or seconds: checkpoint and stop before it
     log_samples: bool = False  # per-rank samples/rankN.jsonl (which samples each step used)
     model: dict[str, Any] = field(default_factory=dict)
@@ -152,8 +178,8 @@ class TrainConfig:
             raise ShardshipError(f"{where}: steps must be >= 1 (got {self.steps})")
         if not 0 <= float(self.ema_decay) < 1:
             raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise ShardshipError(f"{where}: device must be auto, cuda or cpu (got {self.device!r})")
+        if self.device not in DEVICES:
+            raise ShardshipError(f"{where}: device must be {', '.join(DEVICES)} (got {self.device!r})")
         parse_duration(self.time_limit)
 
     def merged(self, **overrides: Any) -> TrainConfig:

@@ -2,7 +2,8 @@
 
 One process per GPU (or per CPU slot): torchrun sets RANK, WORLD_SIZE and
 LOCAL_RANK; without them this is a single process and nothing is initialised.
-Backend: nccl on CUDA, gloo on CPU. Only rank 0 logs and writes checkpoints.
+Device: auto picks cuda, then mps, then cpu. Backend: nccl on CUDA, gloo
+otherwise. Only rank 0 logs and writes checkpoints.
 The data path needs no collective at all (see train/data/partition.py); the
 trainer's collectives happen on steps every rank reaches (gradient all-reduce,
 the periodic metrics/stop-flag all-reduce, validation, checkpoints)."""
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shardship.errors import ShardshipError
+from train.config import DEVICES
 
 TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -63,24 +65,47 @@ def env_ranks() -> tuple[int, int, int]:
     return rank, world, local
 
 
+def mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def device_kind(device: str = "auto") -> str:
+    """"auto" -> cuda, then mps (Apple GPUs), then cpu; a named device is checked."""
+    if device not in DEVICES:
+        raise ShardshipError(f"device must be {', '.join(DEVICES)} (got {device!r})")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ShardshipError("device=cuda but torch sees no GPU (CUDA_VISIBLE_DEVICES? a CPU-only torch build?)")
+    if device == "mps" and not mps_available():
+        raise ShardshipError("device=mps but torch sees no Apple GPU (macOS 12.3+ on Apple silicon, torch with MPS)")
+    return device
+
+
+def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """The torch device for `device` (auto|cuda|mps|cpu); on CUDA the GPU of `local_rank`."""
+    kind = device_kind(device)
+    if kind != "cuda":
+        return torch.device(kind)
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise ShardshipError(f"LOCAL_RANK {local_rank} but only {n} GPU(s) visible: start torchrun with "
+                             f"--nproc_per_node {n} (one process per GPU)")
+    dev = torch.device("cuda", local_rank)
+    torch.cuda.set_device(dev)
+    return dev
+
+
 def setup(device: str = "auto") -> Dist:
-    """Pick the device and join the process group when torchrun started us."""
+    """Pick the device and join the process group when torchrun started us:
+    nccl on CUDA, gloo otherwise (MPS has no collective backend of its own)."""
     rank, world, local = env_ranks()
-    if device not in ("auto", "cpu", "cuda"):
-        raise ShardshipError(f"device must be auto, cpu or cuda (got {device!r})")
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        if not torch.cuda.is_available():
-            raise ShardshipError("device=cuda but torch sees no GPU (CUDA_VISIBLE_DEVICES? a CPU-only torch build?)")
-        n = torch.cuda.device_count()
-        if local >= n:
-            raise ShardshipError(f"LOCAL_RANK {local} but only {n} GPU(s) visible: start torchrun with "
-                                 f"--nproc_per_node {n} (one process per GPU)")
-        dev = torch.device("cuda", local)
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
+    dev = pick_device(device, local)
+    use_cuda = dev.type == "cuda"
     backend = None
+    if world > 1 and dev.type == "mps":
+        raise ShardshipError("MPS runs one process (one Apple GPU, no collective backend): start without torchrun")
     if world > 1:
         backend = "nccl" if use_cuda else "gloo"
         if not dist.is_initialized():

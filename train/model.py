@@ -1,21 +1,25 @@
-"""A small conditional diffusion policy, written out in full (no downloads).
+"""The diffusion policy: observation encoder -> FiLM-conditioned 1-D U-Net over the
+action chunk, trained and sampled with diffusers' schedulers.
 
-    image (uint8, HxWx3) -> resize to obs_size -> CNN encoder -> image feature
-    proprio (joints)     -> MLP                               -> proprio feature
-    [image, proprio, diffusion-step embedding] -> FiLM -> 1-D temporal U-Net over the
-    action chunk (T steps x D dims) -> predicted noise
+Two architectures (train.config PRESETS):
+    "shardship" (tiny, small, base): image (uint8) -> resize to obs_size -> CNN
+        trained from scratch; proprio -> MLP; [image, proprio, step embedding] ->
+        FiLM -> TemporalUNet. Small enough for a laptop CPU (the demo).
+    "stack": the user's policy (train.policy_stack): ImageNet ResNet18 per frame
+        of an obs_horizon window at 224x224, fused with the proprio of every frame
+        -> ConditionalUnet1D (train.unet1d).
 
-Training is DDPM (epsilon or clean-sample prediction, cosine noise schedule); evaluation samples
-with DDIM (deterministic, `ddim_steps` steps). Actions and proprio are z-scored
-with the dataset statistics from index.json, which live in the model as buffers,
-so a checkpoint carries its normaliser.
+Training is DDPM (epsilon or clean-sample prediction) with diffusers'
+DDPMScheduler (`squaredcos_cap_v2` betas); sampling is diffusers' DDIM
+(deterministic, `ddim_steps`) or DDPM (every step, as the user samples). Actions
+and proprio are z-scored with the dataset statistics from index.json, which live
+in the model as buffers, so a checkpoint carries its normaliser.
 
-`parameter_count(cfg)` and `checkpoint_bytes(cfg)` size a config without
-allocating it (meta tensors): `packer budget` uses them to put checkpoints in the
-quota table."""
+`parameter_count(cfg)`, `parameter_counts(cfg)` and `checkpoint_bytes(cfg)` size a
+config without allocating it (meta tensors): `packer budget` uses them to put
+checkpoints in the quota table, `train run` prints the counts."""
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,10 +33,16 @@ from shardship.errors import ShardshipError
 # The model's config schema is torch-free (packer budget, job checks): it lives in
 # train.config and is re-exported here for the callers that know it as train.model's.
 from train.config import DEFAULTS, MODEL_KEYS, PRESETS, model_config  # noqa: F401
-
-
-def _gn(channels: int, groups: int) -> nn.GroupNorm:
-    return nn.GroupNorm(math.gcd(groups, channels), channels)
+from train.policy_stack import StackObsEncoder, frames
+from train.unet1d import (  # noqa: F401  (re-exported: the blocks used to live here)
+    ConditionalUnet1D,
+    CondResBlock1d,
+    Conv1dBlock,
+    SinusoidalEmbedding,
+    TemporalUNet,
+    _gn,
+    timestep_mlp,
+)
 
 
 # ---------------------------------------------------------------- image encoder
@@ -69,151 +79,67 @@ class ImageEncoder(nn.Module):
         return self.proj(h.mean(dim=(2, 3)))
 
 
-# ---------------------------------------------------------------- temporal U-Net
-class SinusoidalEmbedding(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
+# ---------------------------------------------------------------- diffusion (diffusers)
+def noise_scheduler(cfg: Mapping[str, Any], sampler: str = "ddpm") -> Any:
+    """diffusers' DDPMScheduler (training noise; "ddpm" sampling) or DDIMScheduler
+    ("ddim" sampling, eta 0) on the same squaredcos_cap_v2 betas. Imported here:
+    diffusers takes seconds to import and `packer budget` sizes models without it."""
+    from diffusers import DDIMScheduler, DDPMScheduler
 
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.dim // 2
-        steps = torch.arange(half, device=t.device, dtype=torch.float32)
-        freqs = torch.exp(-math.log(10000.0) * steps / max(1, half - 1))
-        args = t.float()[:, None] * freqs[None, :]
-        emb = torch.cat([args.sin(), args.cos()], dim=-1)
-        return F.pad(emb, (0, self.dim - emb.shape[-1]))
-
-
-class Conv1dBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, kernel: int, groups: int):
-        super().__init__()
-        self.block = nn.Sequential(nn.Conv1d(cin, cout, kernel, padding=kernel // 2), _gn(cout, groups), nn.Mish())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x)
-
-
-class CondResBlock1d(nn.Module):
-    """Two conv blocks; the conditioning vector scales and shifts (FiLM) the first."""
-
-    def __init__(self, cin: int, cout: int, cond_dim: int, kernel: int, groups: int):
-        super().__init__()
-        self.block1 = Conv1dBlock(cin, cout, kernel, groups)
-        self.block2 = Conv1dBlock(cout, cout, kernel, groups)
-        self.film = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, 2 * cout))
-        self.skip = nn.Conv1d(cin, cout, 1) if cin != cout else nn.Identity()
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        h = self.block1(x)
-        scale, shift = self.film(cond).unsqueeze(-1).chunk(2, dim=1)
-        h = h * (1 + scale) + shift
-        return self.block2(h) + self.skip(x)
-
-
-class TemporalUNet(nn.Module):
-    """1-D U-Net over the chunk (B, D, T); T is padded to a multiple of
-    2**(levels-1) and cropped back."""
-
-    def __init__(self, action_dim: int, cond_dim: int, dims: list[int], kernel: int, groups: int):
-        super().__init__()
-        all_dims = [action_dim] + list(dims)
-        in_out = list(zip(all_dims[:-1], all_dims[1:]))
-        self.levels = len(in_out)
-        self.downs = nn.ModuleList()
-        for i, (a, b) in enumerate(in_out):
-            last = i == len(in_out) - 1
-            self.downs.append(nn.ModuleList([
-                CondResBlock1d(a, b, cond_dim, kernel, groups),
-                CondResBlock1d(b, b, cond_dim, kernel, groups),
-                nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity(),
-            ]))
-        mid = dims[-1]
-        self.mids = nn.ModuleList([CondResBlock1d(mid, mid, cond_dim, kernel, groups) for _ in range(2)])
-        self.ups = nn.ModuleList()
-        for a, b in reversed(in_out[1:]):  # one upsample per downsample
-            self.ups.append(nn.ModuleList([
-                CondResBlock1d(2 * b, a, cond_dim, kernel, groups),
-                CondResBlock1d(a, a, cond_dim, kernel, groups),
-                nn.ConvTranspose1d(a, a, 4, stride=2, padding=1),
-            ]))
-        self.final = nn.Sequential(Conv1dBlock(dims[0], dims[0], kernel, groups), nn.Conv1d(dims[0], action_dim, 1))
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        t = x.shape[-1]
-        mult = 2 ** (self.levels - 1)
-        pad = (-t) % mult
-        if pad:
-            x = F.pad(x, (0, pad), mode="replicate")
-        skips = []
-        for level in self.downs:
-            assert isinstance(level, nn.ModuleList)  # built in __init__: (res block, res block, downsample)
-            res1, res2, down = level
-            x = res2(res1(x, cond), cond)
-            skips.append(x)
-            x = down(x)
-        for res in self.mids:
-            x = res(x, cond)
-        for level in self.ups:
-            assert isinstance(level, nn.ModuleList)  # built in __init__: (res block, res block, upsample)
-            res1, res2, up = level
-            x = torch.cat([x, skips.pop()], dim=1)
-            x = up(res2(res1(x, cond), cond))
-        return self.final(x)[..., :t]
-
-
-# ---------------------------------------------------------------- diffusion
-def cosine_alphas_cumprod(steps: int, s: float = 0.008) -> torch.Tensor:
-    """Nichol & Dhariwal cosine schedule, betas clipped at 0.999 (float64)."""
-    t = torch.linspace(0, steps, steps + 1, dtype=torch.float64) / steps
-    f = torch.cos((t + s) / (1 + s) * math.pi / 2) ** 2
-    ac = f / f[0]
-    betas = (1 - ac[1:] / ac[:-1]).clamp(0, 0.999)
-    return torch.cumprod(1 - betas, dim=0)
-
-
-def ddim_timesteps(train_steps: int, sample_steps: int) -> list[int]:
-    """Descending, distinct timesteps from train_steps-1 to 0."""
-    n = max(1, min(sample_steps, train_steps))
-    ts = torch.linspace(train_steps - 1, 0, n).round().long().tolist()
-    out: list[int] = []
-    for t in ts:
-        if not out or t != out[-1]:
-            out.append(int(t))
-    return out
+    kw = dict(num_train_timesteps=cfg["diffusion_steps"], beta_schedule="squaredcos_cap_v2",
+              prediction_type=cfg["prediction"], clip_sample=True, clip_sample_range=cfg["clip_sample"])
+    if sampler == "ddim":  # "trailing": the first of few steps starts from t = T-1 (pure noise), as trained
+        return DDIMScheduler(**kw, set_alpha_to_one=True, steps_offset=0, timestep_spacing="trailing")
+    return DDPMScheduler(**kw)
 
 
 class DiffusionPolicy(nn.Module):
-    """forward(batch) -> training loss; sample(image, proprio) -> action chunks."""
+    """forward(batch) -> training loss; sample(image, proprio) -> action chunks.
+
+    arch "shardship": ImageEncoder + proprio MLP + TemporalUNet (tiny/small/base).
+    arch "stack": StackObsEncoder (ResNet18 per frame, fused with proprio across
+    obs_horizon frames) + ConditionalUnet1D (the user's policy)."""
 
     # buffers, set by register_buffer in __init__ (declared here for type checkers)
     action_mean: torch.Tensor
     action_std: torch.Tensor
     proprio_mean: torch.Tensor
     proprio_std: torch.Tensor
-    alphas_cumprod: torch.Tensor
 
     def __init__(self, cfg: Mapping[str, Any] | None = None):
         super().__init__()
         self.cfg = model_config(cfg)
         c = self.cfg
-        self.encoder = ImageEncoder(c["enc_channels"], c["embed_dim"], c["groups"])
-        obs_dim = c["embed_dim"]
-        self.proprio_mlp: nn.Sequential | None
-        if c["proprio_dim"] > 0:
-            self.proprio_mlp = nn.Sequential(nn.Linear(c["proprio_dim"], c["proprio_embed"]), nn.Mish(),
-                                             nn.Linear(c["proprio_embed"], c["proprio_embed"]))
-            obs_dim += c["proprio_embed"]
+        self.encoder: ImageEncoder | None = None
+        self.proprio_mlp: nn.Sequential | None = None
+        self.time_mlp: nn.Sequential | None = None
+        self.obs_encoder: StackObsEncoder | None = None
+        self.unet: nn.Module
+        if c["arch"] == "stack":
+            self.obs_encoder = StackObsEncoder(c)
+            self.unet = ConditionalUnet1D(c["action_dim"], c["embed_dim"], c["time_embed"], c["unet_dims"],
+                                          c["kernel_size"], c["groups"])
         else:
-            self.proprio_mlp = None
-        te = c["time_embed"]
-        self.time_mlp = nn.Sequential(SinusoidalEmbedding(te), nn.Linear(te, 4 * te), nn.Mish(), nn.Linear(4 * te, te))
-        self.unet = TemporalUNet(c["action_dim"], obs_dim + te, c["unet_dims"], c["kernel_size"], c["groups"])
+            self.encoder = ImageEncoder(c["enc_channels"], c["embed_dim"], c["groups"])
+            obs_dim = c["embed_dim"]
+            if c["proprio_dim"] > 0:
+                self.proprio_mlp = nn.Sequential(nn.Linear(c["proprio_dim"], c["proprio_embed"]), nn.Mish(),
+                                                 nn.Linear(c["proprio_embed"], c["proprio_embed"]))
+                obs_dim += c["proprio_embed"]
+            self.time_mlp = timestep_mlp(c["time_embed"])
+            self.unet = TemporalUNet(c["action_dim"], obs_dim + c["time_embed"], c["unet_dims"], c["kernel_size"],
+                                     c["groups"])
         d, j = c["action_dim"], c["proprio_dim"]
         self.register_buffer("action_mean", torch.zeros(d))
         self.register_buffer("action_std", torch.ones(d))
         self.register_buffer("proprio_mean", torch.zeros(j))
         self.register_buffer("proprio_std", torch.ones(j))
-        self.register_buffer("alphas_cumprod", cosine_alphas_cumprod(c["diffusion_steps"]).float(), persistent=False)
+        self.scheduler = noise_scheduler(c, "ddpm")  # diffusers DDPM: the training noise
+
+    def load_pretrained(self) -> str | None:
+        """Pretrained backbone weights where the architecture has some (stack: ImageNet
+        ResNet18 per `backbone_weights`). Returns the file read, None if nothing was."""
+        return self.obs_encoder.load_pretrained() if self.obs_encoder is not None else None
 
     # ---------------------------------------------------------- normaliser
     def set_normaliser(self, stats: Mapping[str, Any]) -> None:
@@ -238,24 +164,32 @@ class DiffusionPolicy(nn.Module):
 
     # ---------------------------------------------------------- observation
     def _images(self, image: torch.Tensor) -> torch.Tensor:
-        """(B, H, W, 3) uint8 -> (B, 3, S, S) float in [-1, 1], random shift when training."""
-        x = image.permute(0, 3, 1, 2).float().div_(255.0)
+        """Reader images (the window's last frame) -> (B, 3, S, S) float in [-1, 1],
+        random shift when training."""
+        x = frames(image, 1)[:, 0]
         s = self.cfg["obs_size"]
         if x.shape[-2:] != (s, s):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
         if self.training and self.cfg["aug_shift"] > 0:
             x = random_shift(x, self.cfg["aug_shift"])
-        return x.sub_(0.5).mul_(2.0)
+        return x.sub(0.5).mul_(2.0)
 
     def encode(self, image: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        """Observation features (B, F): images (B, [N,] H, W, 3) or (B, [N,] 3, H, W),
+        proprio (B, [N,] J) in raw units."""
+        p = (proprio.float() - self.proprio_mean) / self.proprio_std if self.cfg["proprio_dim"] > 0 else None
+        if self.obs_encoder is not None:
+            return self.obs_encoder(image, p)
+        assert self.encoder is not None  # arch "shardship"
         feats = [self.encoder(self._images(image))]
-        if self.proprio_mlp is not None:
-            p = (proprio.float() - self.proprio_mean) / self.proprio_std
-            feats.append(self.proprio_mlp(p))
+        if self.proprio_mlp is not None and p is not None:
+            feats.append(self.proprio_mlp(p if p.dim() == 2 else p[:, -1]))
         return torch.cat(feats, dim=-1)
 
     def denoise(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """Predicted noise for noisy normalised chunks x (B, T, D) at steps t (B,)."""
+        """Predicted noise (or clean chunk) for noisy normalised chunks x (B, T, D) at steps t (B,)."""
+        if self.time_mlp is None:
+            return self.unet(x, t, obs)
         cond = torch.cat([obs, self.time_mlp(t)], dim=-1)
         return self.unet(x.transpose(1, 2), cond).transpose(1, 2)
 
@@ -274,8 +208,7 @@ class DiffusionPolicy(nn.Module):
             x0 = torch.cat([x0[..., :POSE_DIMS], x0[..., POSE_DIMS:] * jv.float().view(b, 1, 1)], dim=-1)
         t = torch.randint(0, self.cfg["diffusion_steps"], (b,), device=x0.device, generator=generator)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
-        ac = self.alphas_cumprod[t].view(b, 1, 1)
-        xt = ac.sqrt() * x0 + (1 - ac).sqrt() * noise
+        xt = self.scheduler.add_noise(x0, noise, t)
         obs = self.encode(batch["image"], batch["proprio"])
         pred = self.denoise(xt, t, obs)
         target = noise if self.cfg["prediction"] == "epsilon" else x0
@@ -297,25 +230,21 @@ class DiffusionPolicy(nn.Module):
     # ---------------------------------------------------------- sampling
     @torch.no_grad()
     def sample(self, image: torch.Tensor, proprio: torch.Tensor, steps: int | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-        """DDIM (eta = 0) action chunks in raw units, (B, T, D) float32."""
+               generator: torch.Generator | None = None, sampler: str | None = None) -> torch.Tensor:
+        """Action chunks in raw units, (B, T, D) float32, by diffusers' DDIM (eta 0,
+        `steps` or ddim_steps) or DDPM (`steps` or every training step)."""
         c = self.cfg
+        kind = sampler or c["sampler"]
+        sched = noise_scheduler(c, kind)
+        n = steps or (c["ddim_steps"] if kind == "ddim" else c["diffusion_steps"])
         obs = self.encode(image, proprio)
         b = obs.shape[0]
+        sched.set_timesteps(min(int(n), c["diffusion_steps"]), device=obs.device)
         x = torch.randn((b, c["horizon"], c["action_dim"]), device=obs.device, generator=generator)
-        ts = ddim_timesteps(c["diffusion_steps"], steps or c["ddim_steps"])
-        ac = self.alphas_cumprod
-        x0 = x
-        for i, t in enumerate(ts):
-            a_t = ac[t]
-            a_prev = ac[ts[i + 1]] if i + 1 < len(ts) else torch.ones((), device=ac.device)
-            out = self.denoise(x, torch.full((b,), t, device=x.device, dtype=torch.long), obs).float()
-            if c["prediction"] == "epsilon":
-                out = (x - (1 - a_t).sqrt() * out) / a_t.sqrt()
-            x0 = out.clamp(-c["clip_sample"], c["clip_sample"])
-            eps = (x - a_t.sqrt() * x0) / (1 - a_t).sqrt()
-            x = a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps
-        return x0 * self.action_std + self.action_mean
+        for t in sched.timesteps:
+            out = self.denoise(x, t.expand(b), obs).float()
+            x = sched.step(out, t, x, generator=generator).prev_sample
+        return x * self.action_std + self.action_mean
 
 
 def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:
@@ -338,9 +267,15 @@ def _meta_model(cfg: Mapping[str, Any] | None) -> DiffusionPolicy:
 
 
 def parameter_count(cfg: Mapping[str, Any] | None = None) -> int:
-    """Trainable parameters of the policy for `cfg` (model keys of a [train]
-    section plus action_dim/proprio_dim/horizon/image_size; others ignored)."""
+    """All parameters of the policy for `cfg` (model keys of a [train] section plus
+    action_dim/proprio_dim/horizon/image_size; others ignored), frozen ones included."""
     return sum(p.numel() for p in _meta_model(cfg).parameters())
+
+
+def parameter_counts(cfg: Mapping[str, Any] | None = None) -> tuple[int, int]:
+    """(all, trainable) parameters of the policy for `cfg`, without allocating it."""
+    params = list(_meta_model(cfg).parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
 
 # Measured torch.save overhead (zip records + pickle) per stored tensor, and the

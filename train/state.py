@@ -27,6 +27,7 @@ from train.metrics import METRICS, open_metrics, open_samples_log, truncate_json
 from train.model import DiffusionPolicy, model_config
 from train.optim import EMA, make_optimizer
 from train.runtime import amp_dtype, make_scaler, rng_state, seed_everything, set_rng_state
+from train.tblog import ScalarLog
 
 
 @dataclass
@@ -40,13 +41,42 @@ class RunResult:
     resumed_from: int | None
 
 
-def build_model(index: ShardIndex, cfg: TrainConfig) -> tuple[DiffusionPolicy, dict[str, Any]]:
-    """The policy for this data's shapes, its normaliser set from index.json's stats."""
-    mcfg = model_config(cfg.model, action_dim=index.action_dim, proprio_dim=index.proprio_dim,
-                        horizon=index.horizon, image_size=index.image_size[0])
+def build_model(index: ShardIndex, cfg: TrainConfig,
+                pretrained: bool = False) -> tuple[DiffusionPolicy, dict[str, Any]]:
+    """The policy for this data's shapes, its normaliser set from index.json's stats;
+    with `pretrained`, its backbone's pretrained weights loaded (stack: ImageNet ResNet18)."""
+    shapes: dict[str, Any] = dict(action_dim=index.action_dim, proprio_dim=index.proprio_dim, horizon=index.horizon,
+                                  image_size=index.image_size[0])
+    obs_horizon = getattr(cfg, "obs_horizon", None)  # the reader's window, once [train] has one
+    if obs_horizon:
+        shapes["obs_horizon"] = int(obs_horizon)
+    mcfg = model_config(cfg.model, **shapes)
     model = DiffusionPolicy(mcfg)
     model.set_normaliser(index.stats)
+    if pretrained:
+        model.load_pretrained()
     return model, mcfg
+
+
+def model_summary(model: DiffusionPolicy) -> str:
+    """One line: preset, parameters (all / trainable) and where pretrained weights came from."""
+    c = model.cfg
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    line = f"model {c['preset']}: {total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
+    if c["arch"] == "stack":
+        weights = c["backbone_weights"]
+        line += (f" (ResNet18 {'frozen' if c['freeze_backbone'] else 'fine-tuned'}, {c['backbone_norm']} norm, "
+                 f"weights {'random init' if weights in ('', 'none') else weights}; obs_horizon {c['obs_horizon']})")
+    return line
+
+
+def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
+    """A warm-up that lasts the whole run never reaches the configured LR: say so."""
+    if int(cfg.warmup) >= total_steps:
+        return (f"warning: warmup {cfg.warmup} steps >= the run's {total_steps} steps: the learning rate never "
+                f"reaches lr {cfg.lr} (set --warmup below {total_steps}, e.g. {max(0, total_steps // 10)})")
+    return None
 
 
 @dataclass(eq=False)
@@ -79,6 +109,7 @@ class RunState:
     best_val: float | None = None
     resumed_from: int | None = None
     metrics: IO[str] | None = None  # metrics.jsonl, rank 0 only
+    scalars: ScalarLog | None = None  # TensorBoard / wandb, rank 0 only
     samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
     plot_warned: bool = False  # loss.png failed once and said so
 
@@ -94,6 +125,8 @@ class RunState:
         """One metrics.jsonl line (a no-op on ranks other than 0)."""
         if self.metrics is not None:
             self.metrics.write(json.dumps(rec) + "\n")
+        if self.scalars is not None:
+            self.scalars.write(rec)
 
     def result(self, stopped: str | None) -> RunResult:
         return RunResult(step=self.step, total_steps=self.total_steps, epoch=self.train_ds.epoch,
@@ -131,10 +164,12 @@ class RunState:
         self.log({"step": self.step, "event": f"checkpoint:{kind}"})
 
 
-def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bool, t_start: float) -> RunState:
+def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bool, t_start: float,
+              pretrained: bool = True) -> RunState:
     """Data (index, shard check, session split, reader), then model, EMA, optimizer
     and AMP. Shards are checked here, before DataLoader workers fork: they inherit
-    the result."""
+    the result. `pretrained`: load the backbone's pretrained weights (not needed,
+    nor required to exist, when a checkpoint is about to replace them)."""
     index = load_index(data)
     verify_shards(index, progress=progress and d.is_main)
     train_names, val_names = split_sessions(index.sessions_present(), float(cfg.val_fraction), int(cfg.seed),
@@ -150,7 +185,7 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
     total_steps = int(cfg.steps) if cfg.steps else int(cfg.epochs) * spe
 
     seed_everything(int(cfg.seed) + d.rank)
-    model, mcfg = build_model(index, cfg)
+    model, mcfg = build_model(index, cfg, pretrained=pretrained)
     model.to(d.device)
     ema = EMA(model, cfg.ema_decay)
     opt = make_optimizer(model, cfg, d.device)
@@ -201,9 +236,15 @@ def open_logs(run: RunState) -> None:
         run.net = DistributedDataParallel(run.model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
                                           broadcast_buffers=False)  # buffers (normaliser, schedule) never change
     run.metrics = open_metrics(run.out, d.is_main, resumed=run.resumed_from is not None)
+    if d.is_main:
+        cfg = run.cfg
+        run.scalars = ScalarLog.open(run.out, cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg,
+                                     purge_step=(run.resumed_from + 1) if run.resumed_from is not None else None)
 
 
 def close_logs(run: RunState) -> None:
     for f in (run.samples, run.metrics):
         if f is not None:
             f.close()
+    if run.scalars is not None:
+        run.scalars.close()

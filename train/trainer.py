@@ -18,8 +18,8 @@ and a full disk anywhere is one line and exit 3 (Exit.QUOTA).
 The pieces live beside this file: train.config (the [train] schema, torch-free),
 train.state (one rank's run: setup, resume, checkpoint), train.optim (AdamW, LR
 schedule, EMA), train.checkpoint (contents, atomic writes, retention),
-train.runtime (random streams, mixed precision, stop signals) and train.metrics
-(metrics.jsonl, samples logs, loss.png)."""
+train.runtime (random streams, mixed precision, stop signals), train.metrics
+(metrics.jsonl, samples logs, loss.png) and train.tblog (TensorBoard, wandb)."""
 from __future__ import annotations
 
 import json
@@ -51,7 +51,17 @@ from train.runtime import (
     take_output_lock,
     to_device,
 )
-from train.state import RunResult, RunState, build_model, close_logs, open_logs, resume_run, setup_run
+from train.state import (
+    RunResult,
+    RunState,
+    build_model,
+    close_logs,
+    model_summary,
+    open_logs,
+    resume_run,
+    setup_run,
+    warmup_warning,
+)
 
 # Besides train(): the names tests, bench/ and older callers import from train.trainer.
 __all__ = ["EMA", "RunResult", "StopFlag", "TrainConfig", "amp_dtype", "build_model", "checkpoint_payload",
@@ -91,8 +101,8 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out)
     configure_device(d.device)
-    run = setup_run(d, data, out, cfg, progress, t_start)
     last = out / "last.pt"
+    run = setup_run(d, data, out, cfg, progress, t_start, pretrained=not (resume and last.exists()))
     if resume and last.exists():
         resume_run(run, last)
     run.sched = make_scheduler(run.opt, cfg, run.total_steps, run.resumed_from)
@@ -110,6 +120,11 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
                    f"{val_samples} samples ({len(run.sessions[1])} sessions); {d.world_size} rank(s) "
                    f"x batch {cfg.batch_size}, {run.steps_per_epoch} steps/epoch, {run.total_steps} steps; "
                    f"device {d.device}{amp}; out {out}")
+        tqdm.write(model_summary(run.model))
+        warn = warmup_warning(cfg, run.total_steps)
+        if warn:
+            tqdm.write(warn, file=sys.stderr)
+            run.log({"step": run.step, "warning": warn})
     bar = tqdm(total=end, initial=run.step, desc="train", unit="step", disable=not (progress and d.is_main),
                dynamic_ncols=True, mininterval=1.0)
     try:

@@ -120,8 +120,10 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     of each session folder as a directory listing gives them (rgb/<number>.jpg in
     number order, every stride-th), up to EARLY_FRAMES. pack compares each listing
     with the checked session's frames and drops any that differ."""
+    from packer.lockfile import held_by_another
+
     frames = FramePool.for_options(opts)
-    if (out / "index.json").exists() or not raw.is_dir():
+    if (out / "index.json").exists() or not raw.is_dir() or held_by_another(out):
         return frames
     stride = max(1, opts.stride)
     try:

@@ -11,57 +11,24 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardship.errors import Exit, ShardshipError
+from packer.lockfile import LOCK, locked  # noqa: F401  (re-exported: pack takes it from here)
 from shardship.format import index as manifest
 from shardship.format.check import Problem, check_files
 from shardship.hashing import sha256_file
 from shardship.units import human
 
-LOCK = ".packer.lock"
 #: the names packer gives shards (shard_prefix + -NNNN-<content hash>.tar; older packs: -NNNN.tar)
 #: and their compressed copies: the only files a save may sweep away
 SHARD_FILE = re.compile(r".+-[0-9a-f]{6}-[0-9]{4}(-[0-9a-f]{8})?\.tar(\.zst)?")
 #: index.json key: name -> [size, mtime_ns, ctime_ns, inode] when the file last
 #: matched its sha256 here (local bookkeeping; readers ignore it)
 STAT_KEY = "local_stat"
-
-
-# ---------------------------------------------------------------------------
-# one writer at a time
-# ---------------------------------------------------------------------------
-
-
-@contextmanager
-def locked(out: Path) -> Iterator[int]:
-    """Hold the out dir for this process; yields the lock's fd (pool workers close
-    their inherited copy). Raises ShardshipError (exit 2) when another pack holds it."""
-    try:
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise ShardshipError(f"{out / LOCK}: cannot create the lock file ({e.strerror}): "
-                             "check the permissions of the out dir") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise ShardshipError(f"another `packer pack` (pid {pid}) is using {out}; wait for it or stop it",
-                                 Exit.USAGE) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield fd
-    finally:
-        os.close(fd)  # releases the flock
 
 
 # ---------------------------------------------------------------------------

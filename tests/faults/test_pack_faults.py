@@ -315,3 +315,28 @@ def test_two_real_packs_then_sigkill_releases_the_lock(raw_copy: Path, tmp_path:
     assert "packed 3 session(s)" in third.stdout or "kept" in third.stdout
     assert_consistent(out)
     assert_no_strays(out)
+
+
+def test_a_pack_into_a_busy_out_dir_encodes_nothing_early(raw_copy: Path, tmp_path: Path):
+    """The early start (workers encoding a first pack's frames before the sessions are
+    loaded) asks the out dir lock first: a second pack into a directory another pack
+    holds is refused without a worker started (it used to encode up to 8,000 frames
+    first, and on a loaded machine took minutes to say the directory was busy)."""
+    from packer.framepool import prefeed
+    from packer.lockfile import held_by_another, locked
+    from shardship.config import PackOptions
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    assert not held_by_another(out)
+    with prefeed(raw_copy, out, PackOptions(workers=1)) as free:
+        assert free._pool is not None  # a first pack into a free directory starts at once
+    with locked(out):
+        with prefeed(raw_copy, out, PackOptions(workers=1)) as busy:
+            assert busy._pool is None  # nothing encoded for a pack that will be refused
+        holder = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                                 "from packer.lockfile import held_by_another; "
+                                 "sys.exit(0 if held_by_another(Path(sys.argv[1])) else 1)", str(out)],
+                                env=ENV, cwd=ROOT, timeout=60)
+        assert holder.returncode == 0  # another process sees the directory busy
+    assert not held_by_another(out)  # and free again once released

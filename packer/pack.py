@@ -30,7 +30,7 @@ from packer.session import (
     discover,
     load_session,
 )
-from shardship.atomic import remove_stale_temps
+from shardship.atomic import interrupts_deferred, remove_stale_temps
 from shardship.config import PackOptions
 from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.format import index as manifest
@@ -410,22 +410,23 @@ def _publish_session(plan: SessionPlan, writer: ShardWriter, pub: Publisher, dig
     except OSError as e:
         writer.abort()
         return disk_error(e, out, "index.json")
-    try:
-        shards = writer.commit()
-    except OSError as e:
-        writer.abort()
-        pub.discard({x.name for x in writer.done})
-        return disk_error(e, out)
-    index["shards"].extend(x.to_json() for x in shards)
     fp = content_fingerprint(s, plan.keep, index["options"], manifest.VERSION, digests)
-    index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
-    remember(out, pub.stats, [x.name for x in shards])
-    try:
-        pub.save()
-    except OSError as e:  # index.json not written: these shards are unnamed, take them away again
-        _drop_session(index, s.name)
-        pub.discard({x.name for x in shards})
-        return disk_error(e, out, "index.json")
+    with interrupts_deferred():  # a Ctrl-C between the renames and index.json would leave unnamed shards
+        try:
+            shards = writer.commit()
+        except OSError as e:
+            writer.abort()
+            pub.discard({x.name for x in writer.done})
+            return disk_error(e, out)
+        index["shards"].extend(x.to_json() for x in shards)
+        index["sessions"][s.name] = _session_entry(plan, fp, shards, s.raw_bytes())
+        remember(out, pub.stats, [x.name for x in shards])
+        try:
+            pub.save()
+        except OSError as e:  # index.json not written: these shards are unnamed, take them away again
+            _drop_session(index, s.name)
+            pub.discard({x.name for x in shards})
+            return disk_error(e, out, "index.json")
     report.packed.append(s.name)
     report.images += len(plan.keep)
     if s.warnings:

@@ -78,3 +78,32 @@ def remove_stale_temps(directory: str | os.PathLike) -> int:
             p.unlink(missing_ok=True)
             n += 1
     return n
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) and SIGTERM back for a short critical section, such as
+    "rename the shards into place, then save the index that names them": an
+    interrupt between the two would leave files no index names. A signal that
+    arrives meanwhile is recorded and acted on right after (KeyboardInterrupt, or
+    the SIGTERM re-sent with its own handler back). Handlers, not a signal mask:
+    a mask holds only the calling thread, and the kernel may hand the signal to
+    another (a worker pool's result thread). Outside the main thread: no deferral."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, _frame: pending.append(signum))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if signal.SIGTERM in pending:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if signal.SIGINT in pending:
+            raise KeyboardInterrupt

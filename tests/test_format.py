@@ -263,3 +263,20 @@ def test_transfer_and_train_share_the_refusal(tmp_path: Path) -> None:
             reader(tmp_path)
     with pytest.raises(ShardshipError, match=f"^{re.escape(WHERE)}: shards"):
         index_from_doc(doc, tmp_path, WHERE)
+
+
+def test_interrupts_deferred_holds_ctrl_c_until_the_section_ends():
+    """A SIGINT inside the section does not cut it short; it arrives right after."""
+    import os
+    import signal
+
+    from shardship.atomic import interrupts_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("rename")
+            done.append("save index")
+    assert done == ["rename", "save index"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored

@@ -177,7 +177,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "input_stat": stat,
         "mapper": opts.mapper,
         "frontend": opts.frontend,
-        "keyframe_step": opts.step_for(_fps(session)),
+        "keyframe_step": opts.step_for(session.fps),
         "keyframes": len(kpos),
         "registered_keyframes": len(key_pos),
         "registered_fraction": reg_frac,
@@ -243,13 +243,12 @@ def _reconstruct_keyframes(
     """SfM on the keyframes: (keyframe positions, model, registered positions,
     their camera-to-world (M,4,4)). Refuses a reconstruction that registered too
     few keyframes: scale and interpolation over the gaps would be guesses."""
-    step = opts.step_for(_fps(session))
+    step = opts.step_for(session.fps)
     tracks: Tracks | None = None
     if opts.frontend == "klt":
         stages("features (tracking)")
         try:
-            fps = _fps(session)
-            skip = max(0, int(np.floor(opts.max_keyframe_gap * fps / step + 1e-6)) - 1)
+            skip = max(0, int(np.floor(opts.max_keyframe_gap * session.fps / step + 1e-6)) - 1)
             topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip)
             tracks = track_keyframes(session.frame_paths, step, topt)
         except OSError as e:
@@ -273,13 +272,6 @@ def _reconstruct_keyframes(
             f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
         )
     return kpos, model, key_pos, key_T
-
-
-def _fps(session: Session) -> float:
-    """Frames per second from the frame clock (the median spacing: robust to a dropped frame)."""
-    dt = np.diff(session.timestamps)
-    dt = dt[dt > 0]
-    return float(1.0 / np.median(dt)) if len(dt) else 60.0
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:

@@ -24,18 +24,11 @@ from shardship.format import index as manifest
 from shardship.format.check import check_files
 from shardship.hashing import sha256_file
 from tests.conftest import ROOT, is_root
-from tests.test_pack import assert_consistent
+from tests.test_pack import assert_consistent, opts
 
 needs_root = pytest.mark.skipif(not is_root(), reason="mounting a size-limited tmpfs needs root")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 PACK_ARGS = ["--no-slam", "--workers", "1", "--shard-mb", "0.25", "--quiet"]
-
-
-def opts(**kw) -> PackOptions:
-    o = PackOptions(workers=2, shard_bytes=256 * 1024)
-    for k, v in kw.items():
-        setattr(o, k, v)
-    return o
 
 
 def named_files_ok(out: Path) -> list:
@@ -324,7 +317,6 @@ def test_a_pack_into_a_busy_out_dir_encodes_nothing_early(raw_copy: Path, tmp_pa
     first, and on a loaded machine took minutes to say the directory was busy)."""
     from packer.framepool import prefeed
     from packer.lockfile import held_by_another, locked
-    from shardship.config import PackOptions
 
     out = tmp_path / "busy"
     out.mkdir()

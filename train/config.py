@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     "action_dim": 13,  # 3 pos + 6 rot6d + 4 joints
     "proprio_dim": 4,
     "horizon": 16,
+    # observation steps the model folds (the reader's obs_horizon; 0: the single-frame
+    # layout, image (B, H, W, 3) and joints-only proprio)
+    "obs_horizon": 0,
     # model
     "obs_size": 96,  # images are resized to obs_size x obs_size before the encoder
     "enc_channels": [32, 64, 128, 256],
@@ -68,8 +71,8 @@ def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict
         for k, v in src.items():
             if k in MODEL_KEYS and v is not None:
                 out[k] = list(v) if isinstance(v, (list, tuple)) else v
-    for k in ("image_size", "action_dim", "proprio_dim", "horizon", "obs_size", "embed_dim", "proprio_embed",
-              "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift"):
+    for k in ("image_size", "action_dim", "proprio_dim", "horizon", "obs_horizon", "obs_size", "embed_dim",
+              "proprio_embed", "time_embed", "kernel_size", "groups", "diffusion_steps", "ddim_steps", "aug_shift"):
         out[k] = int(out[k])
     out["clip_sample"] = float(out["clip_sample"])
     if out["prediction"] not in ("epsilon", "sample"):
@@ -107,6 +110,12 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     window: int = 8  # shards shuffled together
+    obs_horizon: int = 2  # observation frames per sample: t-N+1 .. t (train.data.obs)
+    # samples near a session's edges: "inside" keeps only windows whose frames and whole
+    # action chunk lie inside the session (the user's trainer); "mask" keeps every frame,
+    # padded steps masked. (Not `window`: that key already means the shuffle window.)
+    edges: str = "inside"
+    normalize: str = "minmax"  # "minmax": actions to [-1, 1], proprio z-scored (the user's); "zscore": both
     log_every: int = 10
     amp: bool = True
     device: str = "auto"  # auto | cuda | cpu
@@ -152,6 +161,12 @@ class TrainConfig:
             raise ShardshipError(f"{where}: steps must be >= 1 (got {self.steps})")
         if not 0 <= float(self.ema_decay) < 1:
             raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
+        if int(self.obs_horizon) < 1:
+            raise ShardshipError(f"{where}: obs_horizon must be >= 1 (got {self.obs_horizon})")
+        if self.edges not in ("inside", "mask"):
+            raise ShardshipError(f"{where}: edges must be inside or mask (got {self.edges!r})")
+        if self.normalize not in ("minmax", "zscore"):
+            raise ShardshipError(f"{where}: normalize must be minmax or zscore (got {self.normalize!r})")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ShardshipError(f"{where}: device must be auto, cuda or cpu (got {self.device!r})")
         parse_duration(self.time_limit)

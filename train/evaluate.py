@@ -105,7 +105,8 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
     model.load_state_dict(ck["ema"]["module"])
     model.to(dev).eval()
 
-    ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad")
+    n_obs = ck["model_config"].get("obs_horizon") or None  # the frames the model was trained on
+    ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad", obs_horizon=n_obs)
     gen = torch.Generator(device=dev).manual_seed(seed)
     preds, trues, masks, jvalid = [], [], [], []
     n = 0

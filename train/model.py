@@ -205,6 +205,7 @@ class DiffusionPolicy(nn.Module):
             obs_dim += c["proprio_embed"]
         else:
             self.proprio_mlp = None
+        obs_dim *= max(1, c["obs_horizon"])  # each frame encoded alone, the features concatenated
         te = c["time_embed"]
         self.time_mlp = nn.Sequential(SinusoidalEmbedding(te), nn.Linear(te, 4 * te), nn.Mish(), nn.Linear(4 * te, te))
         self.unet = TemporalUNet(c["action_dim"], obs_dim + te, c["unet_dims"], c["kernel_size"], c["groups"])
@@ -238,8 +239,9 @@ class DiffusionPolicy(nn.Module):
 
     # ---------------------------------------------------------- observation
     def _images(self, image: torch.Tensor) -> torch.Tensor:
-        """(B, H, W, 3) uint8 -> (B, 3, S, S) float in [-1, 1], random shift when training."""
-        x = image.permute(0, 3, 1, 2).float().div_(255.0)
+        """(B, H, W, 3) or (B, N, 3, H, W) uint8 -> (B or B*N, 3, S, S) float in [-1, 1],
+        random shift (per frame) when training."""
+        x = (image.flatten(0, 1) if image.dim() == 5 else image.permute(0, 3, 1, 2)).float().div_(255.0)
         s = self.cfg["obs_size"]
         if x.shape[-2:] != (s, s):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
@@ -248,10 +250,13 @@ class DiffusionPolicy(nn.Module):
         return x.sub_(0.5).mul_(2.0)
 
     def encode(self, image: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
-        feats = [self.encoder(self._images(image))]
+        """Observation features (B, F): with obs_horizon N, image (B, N, 3, H, W) and
+        proprio (B, N, P) are encoded frame by frame and the N features concatenated."""
+        b = image.shape[0]
+        feats = [self.encoder(self._images(image)).reshape(b, -1)]
         if self.proprio_mlp is not None:
             p = (proprio.float() - self.proprio_mean) / self.proprio_std
-            feats.append(self.proprio_mlp(p))
+            feats.append(self.proprio_mlp(p).reshape(b, -1))
         return torch.cat(feats, dim=-1)
 
     def denoise(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

@@ -115,10 +115,11 @@ def _finalise_stats(index: dict[str, Any]) -> None:
     astats, pstats = _merged(sessions, "action"), _merged(sessions, "proprio")
     index["joints"], index["joint_units"] = list(JOINTS), UNITS
     index["action_dim"] = POSE_DIMS + len(JOINTS)
-    obs = [_merged(sessions, "obs", d) for d in range(OBS_STATS_STEPS)]
+    merged = [_merged(sessions, "obs", d) for d in range(OBS_STATS_STEPS)]
+    obs = [o.to_json() for o in merged if o is not None]
     index["stats"] = {"action": astats.summary() if astats else None,
                       "proprio": pstats.summary() if pstats else None,
-                      "obs": [o.to_json() for o in obs] if all(o is not None for o in obs) else None,
+                      "obs": obs if len(obs) == OBS_STATS_STEPS else None,
                       "count": astats.count if astats else 0, "pose_dims": POSE_DIMS}
 
 

@@ -50,6 +50,11 @@ def main() -> None:
 @click.option("--model", "preset", type=click.Choice(["tiny", "small", "base"]), default=None,
               help="Model size preset (default small; tiny trains on a CPU in minutes).")
 @click.option("--time-limit", default=None, help="HH:MM:SS: checkpoint and stop before this much wall time.")
+@click.option("--obs-horizon", type=int, default=None, help="Observation frames per sample (default 2: t-1, t).")
+@click.option("--edges", type=click.Choice(["inside", "mask"]), default=None,
+              help="Windows inside the session only (default), or every frame with padded steps masked.")
+@click.option("--normalize", type=click.Choice(["minmax", "zscore"]), default=None,
+              help="minmax (default): actions to [-1, 1], proprio z-scored; zscore: both z-scored.")
 @click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")
 @_errors

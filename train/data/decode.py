@@ -126,11 +126,12 @@ def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int, with_po
     pose = _numbers(js, b'"pose":', nested=True) if with_pose else None
     if (a is not None and a.size == horizon * action_dim and m is not None and m.size == horizon
             and p is not None and p.size == joints and (not with_pose or (pose is not None and pose.size == 16))):
-        out = {"action": a.astype(np.float32).reshape(horizon, action_dim), "action_mask": m.astype(np.float32),
-               "proprio": p.astype(np.float32), "joints_valid": jv}
+        fast: dict[str, Any] = {"action": a.astype(np.float32).reshape(horizon, action_dim),
+                                "action_mask": m.astype(np.float32), "proprio": p.astype(np.float32),
+                                "joints_valid": jv}
         if pose is not None:
-            out["pose"] = pose.reshape(4, 4)
-        return out
+            fast["pose"] = pose.reshape(4, 4)
+        return fast
     d = json.loads(js)
     if d.get("action") is None:
         raise ValueError("action is null but index.json says has_action")

@@ -64,7 +64,7 @@ class Normalizer:
 
     @classmethod
     def from_state_dict(cls, d: Mapping[str, Any]) -> Normalizer:
-        arr = {k: np.asarray(d[k], dtype=np.float32) for k in
+        arr = {k: np.asarray(d[k], dtype=np.float64) for k in
                ("action_offset", "action_scale", "proprio_offset", "proprio_scale")}
         return cls(mode=str(d["mode"]), **arr)
 
@@ -82,7 +82,7 @@ def _like(x: np.ndarray, ref: Any) -> Any:
 
 
 def _scale(values: np.ndarray) -> np.ndarray:
-    return np.where(values > _EPS, values, 1.0).astype(np.float32)
+    return np.where(values > _EPS, values, 1.0).astype(np.float64)
 
 
 def _part(stats: Mapping[str, Any], name: str, dim: int) -> dict[str, np.ndarray]:
@@ -138,4 +138,4 @@ def make_normalizer(stats: Mapping[str, Any], mode: str, action_dim: int, joints
     for name, v in (("action", a_off), ("action", a_scale), ("proprio", p_off), ("proprio", p_scale)):
         if not np.isfinite(v).all():
             raise ShardshipError(f"index.json stats.{name} holds a non-finite value: re-run `packer pack`")
-    return Normalizer(mode, a_off.astype(np.float32), _scale(a_scale), p_off.astype(np.float32), _scale(p_scale))
+    return Normalizer(mode, a_off.astype(np.float64), _scale(a_scale), p_off.astype(np.float64), _scale(p_scale))

@@ -219,7 +219,8 @@ def gpu_rows(packed: Path, steps: int) -> list[dict]:
     opt = make_optimizer(model, TrainConfig(), dev)
     dtype = amp_dtype(dev, True)
     batch_size = 64
-    ds = ShardDataset(index, batch_size, seed=0, window=8)
+    tc = TrainConfig()  # the trainer's reader: obs_horizon frames, windows inside the session
+    ds = ShardDataset(index, batch_size, seed=0, window=8, obs_horizon=tc.obs_horizon, edges=tc.edges)
     done, wait, t_start = 0, 0.0, None
     epoch = 0
     while done < steps:

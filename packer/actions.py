@@ -38,6 +38,58 @@ def action_chunks(
     return np.concatenate(parts, axis=-1), mask
 
 
+#: backward observation offsets whose statistics `packer pack` keeps (d = 0 is frame t
+#: itself, d = 1 its predecessor, ...): a reader pools the first obs_horizon of them
+OBS_STATS_STEPS = 4
+IDENTITY6 = np.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])  # rot6d of the identity
+
+
+def relative_pose9(ref: np.ndarray, poses: np.ndarray) -> np.ndarray:
+    """Poses (K,4,4) relative to `ref` (4,4), as the action chunks have them:
+    position `R_ref^T (p - p_ref)`, then rot6d(`R_ref^T R`) -> (K, 9). The user's
+    trainer computes the same (`T_ref^-1 T`, first two columns, column-major)."""
+    rt = ref[:3, :3].T
+    pos = (poses[:, :3, 3] - ref[:3, 3]) @ rt.T
+    rel = np.einsum("ij,kjl->kil", rt, poses[:, :3, :3])
+    return np.concatenate([pos, rot6d(rel)], axis=-1)
+
+
+def obs_steps(poses: np.ndarray, joints: np.ndarray, n_obs: int) -> np.ndarray:
+    """For every frame t of one posed run the observation proprio of frames
+    t-d, d = n_obs-1 .. 0 (oldest first), relative to t: (N, n_obs, 9+J). Before
+    the run's first frame the first frame repeats. Frame t itself is exactly zero
+    position and rot6d(I) (not R^T R, which rounding leaves a ulp off)."""
+    n = len(poses)
+    d = np.arange(n_obs - 1, -1, -1)
+    idx = np.maximum(np.arange(n)[:, None] - d[None, :], 0)  # (N, n_obs)
+    r, p = poses[:, :3, :3], poses[:, :3, 3]
+    rt = np.transpose(r, (0, 2, 1))
+    pos = np.einsum("nij,nkj->nki", rt, p[idx] - p[:, None, :])
+    rel = rot6d(np.einsum("nij,nkjl->nkil", rt, r[idx]))
+    same = idx == np.arange(n)[:, None]
+    pos[same] = 0.0
+    rel[same] = IDENTITY6
+    parts = [pos, rel]
+    if joints.shape[1]:
+        parts.append(joints[idx])
+    return np.concatenate(parts, axis=-1)
+
+
+def obs_stats(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray,
+              dims: np.ndarray) -> list[RunningStats] | None:
+    """Statistics of the relative observation proprio, one RunningStats per
+    backward offset d = 0 .. OBS_STATS_STEPS-1 over every posed frame (each run
+    repeating its first frame before its start, as the reader does)."""
+    if poses is None or not np.any(posed):
+        return None
+    out = [RunningStats(POSE_DIMS + joints.shape[1]) for _ in range(OBS_STATS_STEPS)]
+    for a, b in runs(posed):
+        steps = obs_steps(poses[a:b], joints[a:b], OBS_STATS_STEPS)  # oldest first
+        for d in range(OBS_STATS_STEPS):
+            out[d].add(steps[:, OBS_STATS_STEPS - 1 - d], dims)
+    return out
+
+
 def runs(flags: np.ndarray) -> list[tuple[int, int]]:
     """[start, stop) of every run of True in a 1-D bool array."""
     f = np.concatenate([[False], np.asarray(flags, bool), [False]])

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from packer.actions import POSE_DIMS, RunningStats
+from packer.actions import OBS_STATS_STEPS, POSE_DIMS, RunningStats
 from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
 from packer.framepool import FramePool
@@ -104,7 +104,8 @@ def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes:
         "joints_valid": plan.joints_valid, "capture": s.capture, "fps": s.fps, "fps_source": s.fps_source,
         "pose_source": s.pose_source, "frames_without_pose": plan.frames_without_pose, "clock": plan.clock,
         "stats": {"action": plan.action_stats.to_json() if plan.action_stats else None,
-                  "proprio": plan.proprio_stats.to_json() if plan.proprio_stats else None},
+                  "proprio": plan.proprio_stats.to_json() if plan.proprio_stats else None,
+                  "obs": [o.to_json() for o in plan.obs_stats] if plan.obs_stats else None},
     }
 
 
@@ -115,12 +116,15 @@ def _drop_session(index: dict[str, Any], name: str) -> None:
     index["shards"] = [s for s in index["shards"] if s["name"] not in names]
 
 
-def _merged(entries: Iterable[dict[str, Any]], key: str) -> RunningStats | None:
-    """Merge one kind of per-session statistics; sessions whose dimension differs
-    from the first (packed by an older layout) are left out of the normaliser."""
+def _merged(entries: Iterable[dict[str, Any]], key: str, step: int | None = None) -> RunningStats | None:
+    """Merge one kind of per-session statistics (of one backward offset `step` for
+    the per-offset "obs" list); sessions whose dimension differs from the first
+    (packed by an older layout) are left out of the normaliser."""
     total: RunningStats | None = None
     for entry in entries:
-        d = entry.get("stats", {}).get(key)
+        d = (entry.get("stats") or {}).get(key)
+        if d and step is not None:
+            d = d[step] if step < len(d) else None
         if not d:
             continue
         part = RunningStats.from_json(d)
@@ -137,8 +141,11 @@ def _finalise_stats(index: dict[str, Any]) -> None:
     astats, pstats = _merged(sessions, "action"), _merged(sessions, "proprio")
     index["joints"], index["joint_units"] = list(JOINTS), UNITS
     index["action_dim"] = POSE_DIMS + len(JOINTS)
+    merged = [_merged(sessions, "obs", d) for d in range(OBS_STATS_STEPS)]
+    obs = [o.to_json() for o in merged if o is not None]
     index["stats"] = {"action": astats.summary() if astats else None,
                       "proprio": pstats.summary() if pstats else None,
+                      "obs": obs if len(obs) == OBS_STATS_STEPS else None,
                       "count": astats.count if astats else 0, "pose_dims": POSE_DIMS}
 
 
@@ -298,6 +305,10 @@ def _to_encode(sessions: list[Session], opts: PackOptions, options: dict[str, An
                     entry.get("stat_signature") == sig
                     or entry.get("fingerprint") == content_fingerprint(s, keep, options, manifest.VERSION)):
                 entry["stat_signature"] = sig  # e.g. copied with new mtimes: same content
+                if "obs" not in (entry.get("stats") or {}):  # packed before obs statistics: add them, no re-encode
+                    plan = plan_session(s, opts, sig)
+                    entry.setdefault("stats", {})["obs"] = ([o.to_json() for o in plan.obs_stats]
+                                                            if plan.obs_stats else None)
                 report.reused.append(s.name)
                 if entry.get("warnings"):
                     report.warnings[s.name] = list(entry["warnings"])

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.actions import POSE_DIMS, RunningStats, segmented_chunks
+from packer.actions import POSE_DIMS, RunningStats, obs_stats, segmented_chunks
 from packer.clock import FrameClock, frame_clock
 from packer.encoders import JOINTS, coverage
 from packer.imageops import ResizeSpec, rescale_intrinsics
@@ -27,6 +27,7 @@ class SessionPlan:
     metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
     action_stats: RunningStats | None
     proprio_stats: RunningStats | None
+    obs_stats: list[RunningStats] | None  # relative proprio per backward offset (actions.obs_stats)
     joints_valid: bool
     clock: dict[str, Any]
     frames_without_pose: int
@@ -65,6 +66,7 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
     if actions is not None:
         astats = RunningStats(actions.shape[-1])
         astats.add(actions[posed][mask[posed].astype(bool)], dims)
+    ostats = obs_stats(poses, posed, joints, dims)
     if joints_valid:
         pstats = RunningStats(len(JOINTS))
         pstats.add(joints)
@@ -89,7 +91,7 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
             "action": action_l[j] if action_l is not None and p else None,
             "action_mask": mask_l[j],
         })
-    return SessionPlan(session, signature, keep, metas, astats, pstats, joints_valid, clock.to_json(),
+    return SessionPlan(session, signature, keep, metas, astats, pstats, ostats, joints_valid, clock.to_json(),
                         int((~posed).sum()) if poses is not None else len(idx))
 
 

@@ -21,7 +21,7 @@ import torch
 from shardship.atomic import TMP_SUFFIX, remove_stale_temps
 from shardship.errors import QuotaError, ShardshipError
 from tests.datasets import make_packed
-from train.data import load_index, split_sessions
+from train.data import ShardDataset, load_index, split_sessions
 from train.data.partition import epoch_order
 from train.model import checkpoint_bytes
 from train.trainer import TrainConfig, load_checkpoint, lr_at, save_checkpoint
@@ -55,6 +55,9 @@ val_every = 20
 log_every = 1
 log_samples = true
 seed = 3
+obs_horizon = 2
+edges = "inside"
+normalize = "minmax"
 
 """ + MODEL_TOML
 
@@ -112,7 +115,9 @@ def _losses(recs: list[dict]) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_packed(tmp_path_factory.mktemp("trainer"), sessions=3, frames=60, seed=0)
+    # 70 frames: 2 x 53 two-frame windows inside the training sessions = 6 steps per epoch,
+    # so checkpoints (every 5) fall mid-epoch
+    return make_packed(tmp_path_factory.mktemp("trainer"), sessions=3, frames=70, seed=0)
 
 
 @pytest.mark.slow
@@ -152,7 +157,10 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
     reader = ck["reader"]
     index = load_index(packed)
     train_names, _ = split_sessions(index.sessions_present(), 0.1, 3)
-    n_train = index.select_sessions(train_names).n_samples
+    train_ix = index.select_sessions(train_names)
+    train_ds = ShardDataset(train_ix, 8, obs_horizon=2, edges="inside")  # the windows the run trains on
+    n_train = train_ds.n_samples
+    assert n_train < train_ix.n_samples  # frames whose window leaves the session are not trained on
     g = 2 * 8
     per_epoch = n_train // g
     assert s_ck < max(metrics_a), "the kill must lose some un-checkpointed steps"
@@ -188,10 +196,11 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
         assert first_b["position"][0] == reader["consumed"] + r * 8
         for d in rows.values():
             by_epoch[d["epoch"]].extend(d["position"])
-    assert sorted(by_epoch) == list(range(total // per_epoch))  # 42 steps = 6 whole epochs
+    assert sorted(by_epoch) == list(range(math.ceil(total / per_epoch)))
     for epoch, positions in by_epoch.items():
-        assert sorted(positions) == list(range(per_epoch * g)), f"epoch {epoch}: a sample repeated or skipped"
-    order = epoch_order(index.select_sessions(train_names).counts, 3, reader["epoch"], 8)
+        steps = min(per_epoch, total - epoch * per_epoch)  # the last epoch may be cut by `steps`
+        assert sorted(positions) == list(range(steps * g)), f"epoch {epoch}: a sample repeated or skipped"
+    order = train_ds.anchors[epoch_order(train_ds._counts, 3, reader["epoch"], 8)]
     killed_epoch = [i for r in range(2) for d in _jsonl(out / "samples" / f"rank{r}.jsonl")
                     if d["epoch"] == reader["epoch"] for i in d["index"]]
     assert sorted(killed_epoch) == sorted(order[:per_epoch * g].tolist())
@@ -211,7 +220,11 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
     assert not [p for p in out.iterdir() if p.name.endswith(TMP_SUFFIX)]
     real = (out / "last.pt").stat().st_size
     assert abs(checkpoint_bytes(final["model_config"]) - real) <= 0.02 * real + 128 * 1024
-    assert final["normaliser"]["action_mean"] == pytest.approx(index.stats["action"]["mean"], rel=1e-6)
+    lo, hi = (torch.tensor(index.stats["action"][k]) for k in ("min", "max"))  # minmax: offset = mid-range
+    assert final["normaliser"]["action_mean"] == pytest.approx(((lo + hi) / 2).tolist(), rel=1e-5, abs=1e-6)
+    mc = final["model_config"]
+    assert mc["obs_horizon"] == 2 and mc["proprio_dim"] == 13
+    assert killed_epoch and all(int(train_ix.run_before[i]) >= 1 for i in killed_epoch)
 
     # evaluation of the EMA policy on the held-out session
     ev = subprocess.run([PY, "-m", "train", "eval", "--data", str(packed), "--out", str(out), "--max-samples", "16",

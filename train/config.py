@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
     # data-derived (index.json); callers pass the real values
     "image_size": 224,
     "action_dim": 13,  # 3 pos + 6 rot6d + 4 joints
-    "proprio_dim": 4,
+    "proprio_dim": 13,  # per observation step: pose relative to frame t (3 + 6) + 4 joints
     "horizon": 16,
     # model
     "obs_size": 96,  # images are resized to obs_size x obs_size before the encoder
@@ -39,7 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "sampler": "ddim",  # train eval / sample(): "ddim" (ddim_steps, deterministic) or "ddpm" (every step)
     # the `stack` architecture (the user's policy); ignored by arch "shardship"
     "arch": "shardship",  # "shardship" (CNN from scratch + TemporalUNet) or "stack" (ResNet18 + ConditionalUnet1D)
-    "obs_horizon": 1,  # frames per observation window (a shorter batch repeats its first frame)
+    # frames per observation (t-N+1 .. t), each encoded alone and the features concatenated;
+    # the reader reads this many (train.data.obs), a shorter batch repeats its first frame
+    "obs_horizon": 2,
     "freeze_backbone": True,  # stack: only the ResNet's new fc layer trains
     "backbone_weights": "hub",  # stack: "hub" (torch hub cache file), a .pth path, or "none" (random init)
     "backbone_norm": "batch",  # stack: "batch" (ImageNet weights) or "group" (Chi et al.'s swap, random init)
@@ -53,8 +55,10 @@ MODEL_KEYS = frozenset(DEFAULTS)
 # "base" is closer to the published diffusion-policy U-Net (~20M parameters).
 PRESETS: dict[str, dict[str, Any]] = {
     # tiny predicts the clean chunk: with few steps an epsilon model's DDIM samples
-    # still run into the clip range, a sample model's stay near the data
-    "tiny": {"obs_size": 48, "enc_channels": [16, 32, 64], "embed_dim": 64, "proprio_embed": 16, "time_embed": 32,
+    # still run into the clip range, a sample model's stay near the data; one frame
+    # per observation keeps the CPU demo quick (half the JPEG decoding)
+    "tiny": {"obs_horizon": 1, "obs_size": 48, "enc_channels": [16, 32, 64], "embed_dim": 64, "proprio_embed": 16,
+             "time_embed": 32,
              "unet_dims": [32, 64, 128], "diffusion_steps": 50, "ddim_steps": 8, "prediction": "sample"},
     "small": {},
     "base": {"unet_dims": [128, 256, 512]},
@@ -130,6 +134,14 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     window: int = 8  # shards shuffled together
+    # observation frames per sample (t-N+1 .. t); None: the model preset's (stack 2,
+    # small/base 2, tiny 1). Set here it overrides [train.model] obs_horizon too.
+    obs_horizon: int | None = None
+    # samples near a session's edges: "inside" keeps only windows whose frames and whole
+    # action chunk lie inside the session (the user's trainer); "mask" keeps every frame,
+    # padded steps masked. (Not `window`: that key already means the shuffle window.)
+    edges: str = "inside"
+    normalize: str = "minmax"  # "minmax": actions to [-1, 1], proprio z-scored (the user's); "zscore": both
     log_every: int = 10
     amp: bool = True
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cuda | mps | cpu
@@ -178,9 +190,19 @@ class TrainConfig:
             raise ShardshipError(f"{where}: steps must be >= 1 (got {self.steps})")
         if not 0 <= float(self.ema_decay) < 1:
             raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
+        if self.obs_horizon is not None and int(self.obs_horizon) < 1:
+            raise ShardshipError(f"{where}: obs_horizon must be >= 1 (got {self.obs_horizon})")
+        if self.edges not in ("inside", "mask"):
+            raise ShardshipError(f"{where}: edges must be inside or mask (got {self.edges!r})")
+        if self.normalize not in ("minmax", "zscore"):
+            raise ShardshipError(f"{where}: normalize must be minmax or zscore (got {self.normalize!r})")
         if self.device not in DEVICES:
             raise ShardshipError(f"{where}: device must be {', '.join(DEVICES)} (got {self.device!r})")
         parse_duration(self.time_limit)
+
+    def frames(self) -> int:
+        """Observation frames per sample: [train] obs_horizon, else the model's."""
+        return int(self.obs_horizon) if self.obs_horizon else int(model_config(self.model)["obs_horizon"])
 
     def merged(self, **overrides: Any) -> TrainConfig:
         """A copy with the non-None overrides (CLI flags) applied."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from packer.actions import POSE_DIMS
 from shardship.atomic import atomic_open, write_json
 from shardship.errors import ShardshipError
 from train.checkpoint import load_checkpoint
@@ -143,7 +144,7 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
     model.to(dev).eval()
     kind = sampler or model.cfg["sampler"]
     want = min(max_samples, val_ix.n_samples) if max_samples > 0 else val_ix.n_samples
-    ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad")
+    ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad", obs_horizon=checkpoint_frames(ck, index))
     pred, true, mask, jv, sess = _sample_chunks(model, ds, want, num_workers, dev, seed, ddim_steps, kind, progress)
     res = chunk_errors(pred, true, mask, jv > 0, sess)
     res["per_session"] = {val_ix.session_names[int(k)]: v for k, v in res["per_session"].items()}
@@ -163,6 +164,14 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
                                        if k in res}})
     log.close()
     return res
+
+
+def checkpoint_frames(ck: dict[str, Any], index: Any) -> int | None:
+    """The reader layout a checkpoint was trained on: its obs_horizon frames with the
+    13-D relative proprio, or None (one frame, joints-only proprio) for a checkpoint
+    from before the relative proprio existed (proprio_dim = the joints alone)."""
+    mc = ck["model_config"]
+    return int(mc.get("obs_horizon") or 1) if int(mc["proprio_dim"]) == POSE_DIMS + index.proprio_dim else None
 
 
 def _sample_chunks(model: DiffusionPolicy, ds: ShardDataset, want: int, num_workers: int, dev: torch.device,

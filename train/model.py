@@ -33,7 +33,7 @@ from shardship.errors import ShardshipError
 # The model's config schema is torch-free (packer budget, job checks): it lives in
 # train.config and is re-exported here for the callers that know it as train.model's.
 from train.config import DEFAULTS, MODEL_KEYS, PRESETS, model_config  # noqa: F401
-from train.policy_stack import StackObsEncoder, frames
+from train.policy_stack import StackObsEncoder, fill_window, frames
 from train.unet1d import (  # noqa: F401  (re-exported: the blocks used to live here)
     ConditionalUnet1D,
     CondResBlock1d,
@@ -126,6 +126,7 @@ class DiffusionPolicy(nn.Module):
                 self.proprio_mlp = nn.Sequential(nn.Linear(c["proprio_dim"], c["proprio_embed"]), nn.Mish(),
                                                  nn.Linear(c["proprio_embed"], c["proprio_embed"]))
                 obs_dim += c["proprio_embed"]
+            obs_dim *= c["obs_horizon"]  # each frame encoded alone, the features concatenated
             self.time_mlp = timestep_mlp(c["time_embed"])
             self.unet = TemporalUNet(c["action_dim"], obs_dim + c["time_embed"], c["unet_dims"], c["kernel_size"],
                                      c["groups"])
@@ -164,9 +165,9 @@ class DiffusionPolicy(nn.Module):
 
     # ---------------------------------------------------------- observation
     def _images(self, image: torch.Tensor) -> torch.Tensor:
-        """Reader images (the window's last frame) -> (B, 3, S, S) float in [-1, 1],
-        random shift when training."""
-        x = frames(image, 1)[:, 0]
+        """Reader images (B, [N,] H, W, 3 | 3, H, W) -> (B * obs_horizon, 3, S, S) float
+        in [-1, 1], random shift (per frame) when training."""
+        x = frames(image, self.cfg["obs_horizon"]).flatten(0, 1)
         s = self.cfg["obs_size"]
         if x.shape[-2:] != (s, s):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
@@ -180,10 +181,11 @@ class DiffusionPolicy(nn.Module):
         p = (proprio.float() - self.proprio_mean) / self.proprio_std if self.cfg["proprio_dim"] > 0 else None
         if self.obs_encoder is not None:
             return self.obs_encoder(image, p)
-        assert self.encoder is not None  # arch "shardship"
-        feats = [self.encoder(self._images(image))]
+        assert self.encoder is not None  # arch "shardship": each frame alone, features concatenated
+        b, n = image.shape[0], self.cfg["obs_horizon"]
+        feats = [self.encoder(self._images(image)).reshape(b, -1)]
         if self.proprio_mlp is not None and p is not None:
-            feats.append(self.proprio_mlp(p if p.dim() == 2 else p[:, -1]))
+            feats.append(self.proprio_mlp(fill_window(p if p.dim() == 3 else p.unsqueeze(1), n)).reshape(b, -1))
         return torch.cat(feats, dim=-1)
 
     def denoise(self, x: torch.Tensor, t: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:

@@ -17,12 +17,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 from train import ddp
 from train.checkpoint import checkpoint_payload, load_checkpoint, write_checkpoint
 from train.config import TrainConfig, parse_duration
 from train.data import ShardDataset, load_index, split_sessions, verify_shards
 from train.data.index import ShardIndex
+from train.data.normalize import make_normalizer
 from train.metrics import METRICS, open_metrics, open_samples_log, truncate_jsonl
 from train.model import DiffusionPolicy, model_config
 from train.optim import EMA, make_optimizer
@@ -43,16 +45,17 @@ class RunResult:
 
 def build_model(index: ShardIndex, cfg: TrainConfig,
                 pretrained: bool = False) -> tuple[DiffusionPolicy, dict[str, Any]]:
-    """The policy for this data's shapes, its normaliser set from index.json's stats;
-    with `pretrained`, its backbone's pretrained weights loaded (stack: ImageNet ResNet18)."""
-    shapes: dict[str, Any] = dict(action_dim=index.action_dim, proprio_dim=index.proprio_dim, horizon=index.horizon,
-                                  image_size=index.image_size[0])
-    obs_horizon = getattr(cfg, "obs_horizon", None)  # the reader's window, once [train] has one
-    if obs_horizon:
-        shapes["obs_horizon"] = int(obs_horizon)
-    mcfg = model_config(cfg.model, **shapes)
+    """The policy for this data's shapes (cfg.frames() observation frames, 13-D
+    relative proprio per frame), its normaliser (cfg.normalize) set from index.json's
+    stats: the model's offset/scale buffers hold it, so a checkpoint carries its
+    normaliser. With `pretrained`, the backbone's pretrained weights are loaded
+    (stack: ImageNet ResNet18)."""
+    n = cfg.frames()
+    mcfg = model_config(cfg.model, action_dim=index.action_dim, proprio_dim=POSE_DIMS + index.proprio_dim,
+                        horizon=index.horizon, image_size=index.image_size[0], obs_horizon=n)
     model = DiffusionPolicy(mcfg)
-    model.set_normaliser(index.stats)
+    norm = make_normalizer(index.stats, cfg.normalize, index.action_dim, index.proprio_dim, n)
+    model.set_normaliser(norm.as_stats())
     if pretrained:
         model.load_pretrained()
     return model, mcfg
@@ -77,6 +80,13 @@ def warmup_warning(cfg: TrainConfig, total_steps: int) -> str | None:
         return (f"warning: warmup {cfg.warmup} steps >= the run's {total_steps} steps: the learning rate never "
                 f"reaches lr {cfg.lr} (set --warmup below {total_steps}, e.g. {max(0, total_steps // 10)})")
     return None
+
+
+def make_dataset(ix: ShardIndex, cfg: TrainConfig, d: ddp.Dist, tail: str) -> ShardDataset:
+    """The reader the trainer uses: raw units (the model normalises), cfg's
+    obs_horizon; validation (tail="pad") scores every frame, edges masked."""
+    return ShardDataset(ix, cfg.batch_size, d.rank, d.world_size, seed=int(cfg.seed), window=cfg.window, tail=tail,
+                        obs_horizon=cfg.frames(), edges=cfg.edges if tail == "drop" else "mask")
 
 
 @dataclass(eq=False)
@@ -176,11 +186,11 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
                                             cfg.val_sessions or None)
     train_ix = index.select_sessions(train_names)
     val_ix = index.select_sessions(val_names) if val_names else None
-    train_ds = ShardDataset(train_ix, cfg.batch_size, d.rank, d.world_size, seed=int(cfg.seed), window=cfg.window,
-                            tail="drop")
+    train_ds = make_dataset(train_ix, cfg, d, "drop")
     spe = train_ds.steps_per_epoch()
     if spe < 1:
-        raise ShardshipError(f"{data}: the training sessions hold {train_ix.n_samples} samples, fewer than one global "
+        raise ShardshipError(f"{data}: the training sessions hold {train_ds.n_samples} samples (edges={cfg.edges}, "
+                             f"obs_horizon={cfg.frames()}), fewer than one global "
                              f"batch ({cfg.batch_size} x {d.world_size} ranks): lower batch_size")
     total_steps = int(cfg.steps) if cfg.steps else int(cfg.epochs) * spe
 

@@ -37,7 +37,7 @@ from shardship.errors import ShardshipError
 from train import ddp
 from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
-from train.data import ShardDataset, make_loader
+from train.data import make_loader
 from train.metrics import METRICS, plot_metrics
 from train.optim import EMA, lr_at, lr_lambda, make_optimizer, make_scheduler
 from train.runtime import (
@@ -56,6 +56,7 @@ from train.state import (
     RunState,
     build_model,
     close_logs,
+    make_dataset,
     model_summary,
     open_logs,
     resume_run,
@@ -244,8 +245,7 @@ def _validate(run: RunState) -> float | None:
     if run.val_ix is None:
         return None
     cfg, d, device = run.cfg, run.d, run.device
-    ds = ShardDataset(run.val_ix, cfg.batch_size, d.rank, d.world_size, seed=int(cfg.seed), window=cfg.window,
-                      tail="pad")
+    ds = make_dataset(run.val_ix, cfg, d, "pad")
     gen = torch.Generator(device=device).manual_seed(int(cfg.seed) * 7919 + d.rank)
     num = torch.zeros(2, device=device, dtype=torch.float64)
     run.ema.module.eval()

@@ -25,12 +25,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 from shardship.hashing import sha256_file
 from shardship.pil import cache_image_buffers
-from train.data import partition
+from train.data import obs, partition
 from train.data.decode import decode_jpeg, sample_arrays
 from train.data.index import ShardIndex
+from train.data.normalize import make_normalizer, obs_summary
 
 MAX_OPEN_SHARDS = 32
 _HASH_CHUNK = 4 << 20
@@ -83,24 +85,49 @@ def verify_shards(index: ShardIndex, progress: bool = False) -> None:
 class ShardDataset(IterableDataset):
     """Batches of `batch_size` samples for one DDP rank, in stream order.
 
-    Yields dicts of CPU tensors:
-      image   (B, H, W, 3) uint8      JPEG pixels as stored (channels last)
-      proprio (B, J) float32          joints at the frame (raw units)
-      action  (B, T, D) float32       action chunk (raw units, FORMAT.md)
+    With `obs_horizon` N (the trainer's default: 2, frames t-1 and t; see
+    train.data.obs for how the window is read and what happens at a session's
+    start), yields dicts of CPU tensors:
+      image   (B, N, 3, H, W) uint8   JPEG pixels as stored, oldest step first (a
+                                      channels-last view: `.contiguous()` for NCHW memory)
+      proprio (B, N, 9+J) float32     each step's pose relative to frame t (3 position,
+                                      6-D rotation) and its J joints
+      obs_mask (B, N) float32         1 = real frame, 0 = repeated (before the session's start)
+    With `obs_horizon=None` (the single-frame layout shardship had first):
+      image   (B, H, W, 3) uint8      channels last
+      proprio (B, J) float32          joints at the frame
+    and in both:
+      action  (B, T, D) float32       action chunk (FORMAT.md)
       action_mask (B, T) float32      1 = real step, 0 = padded past session end
+      joints_valid (B,) float32       0 = recorded without the glove (joints are placeholders)
       weight  (B,) float32            1 = counts, 0 = tail padding (tail="pad")
       index   (B,) int64              sample indices into the ShardIndex
       position (B,) int64             positions in the epoch stream (-1 = pad)
-    """
+
+    `edges`: "mask" trains on every frame (padded steps masked), "inside" only on
+    frames whose observation window and action chunk stay inside the session.
+    `normalize`: None yields raw units (the trainer's model normalises on the
+    device and keeps the map in its checkpoint); "minmax" or "zscore" yields
+    action and proprio normalised with index.json's statistics
+    (train.data.normalize; `self.normalizer` maps predictions back)."""
 
     def __init__(self, index: ShardIndex, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
-                 window: int = 8, tail: str = "drop", verify: bool = True):
+                 window: int = 8, tail: str = "drop", verify: bool = True, obs_horizon: int | None = None,
+                 edges: str = "mask", normalize: str | None = None):
         super().__init__()
         if batch_size < 1:
             raise ShardshipError(f"batch_size must be >= 1 (got {batch_size})")
         if tail not in partition.TAILS:
             raise ValueError(f"tail must be one of {partition.TAILS}")
+        if obs_horizon is not None and int(obs_horizon) < 1:
+            raise ShardshipError(f"obs_horizon must be >= 1 (got {obs_horizon})")
         self.index = index
+        self.obs_horizon = None if obs_horizon is None else int(obs_horizon)
+        self.edges = edges
+        self.anchors = obs.anchors(index, self.obs_horizon, edges)
+        self.n_samples = int(len(self.anchors))
+        self.normalizer = (make_normalizer(index.stats, normalize, index.action_dim, index.proprio_dim,
+                                           self.obs_horizon) if normalize else None)
         self.batch_size = int(batch_size)
         self.rank = int(rank)
         self.world_size = int(world_size)
@@ -110,40 +137,49 @@ class ShardDataset(IterableDataset):
         self.verify = verify
         self.epoch = 0
         self.consumed = 0
-        self._counts = index.counts
+        self._counts = np.bincount(index.shard[self.anchors], minlength=index.n_shards).astype(np.int64)
         self._fds: OrderedDict[int, int] = OrderedDict()
         pstats = (index.stats or {}).get("proprio") or {}
         mean = pstats.get("mean") or []
         self._proprio_fill = np.asarray(mean if len(mean) == index.proprio_dim else np.zeros(index.proprio_dim),
                                         dtype=np.float32)
+        if self.obs_horizon is not None:  # masked joints: the mean, 0 once normalised
+            fill = obs_summary(index.stats, self.obs_horizon, index.proprio_dim)["mean"][POSE_DIMS:]
+            self._joint_fill = (self.normalizer.proprio_offset[POSE_DIMS:] if self.normalizer is not None
+                                else fill.astype(np.float32))
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Reader position: the same three integers on every rank."""
+        """Reader position: the same three integers on every rank (plus what they
+        count: the sample set, its fingerprint and which windows were kept)."""
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed,
-                "n_samples": self.index.n_samples, "fingerprint": self.index.fingerprint()}
+                "n_samples": self.n_samples, "fingerprint": self.index.fingerprint(), "windows": self._windows()}
+
+    def _windows(self) -> str:
+        return f"obs={self.obs_horizon},edges={self.edges}"
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Continue from a saved position. Returns False (and starts the saved epoch
         from its beginning) when the sample set changed since (re-pack)."""
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
-        same = (state.get("n_samples") == self.index.n_samples
-                and state.get("fingerprint", self.index.fingerprint()) == self.index.fingerprint())
+        same = (state.get("n_samples") == self.n_samples
+                and state.get("fingerprint", self.index.fingerprint()) == self.index.fingerprint()
+                and state.get("windows", self._windows()) == self._windows())
         self.consumed = int(state["consumed"]) if same else 0
         return same
 
     def set_state(self, epoch: int, consumed: int = 0) -> None:
-        if not 0 <= consumed <= self.index.n_samples:
-            raise ValueError(f"consumed={consumed} outside 0..{self.index.n_samples}")
+        if not 0 <= consumed <= self.n_samples:
+            raise ValueError(f"consumed={consumed} outside 0..{self.n_samples}")
         self.epoch, self.consumed = int(epoch), int(consumed)
 
     def steps_per_epoch(self) -> int:
-        return partition.steps_left(self.index.n_samples, 0, self.world_size, self.batch_size, self.tail)
+        return partition.steps_left(self.n_samples, 0, self.world_size, self.batch_size, self.tail)
 
     def __len__(self) -> int:
         """Batches this rank still gets in the current epoch (same on every rank)."""
-        return partition.steps_left(self.index.n_samples, self.consumed, self.world_size, self.batch_size, self.tail)
+        return partition.steps_left(self.n_samples, self.consumed, self.world_size, self.batch_size, self.tail)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
@@ -152,7 +188,7 @@ class ShardDataset(IterableDataset):
 
     # ------------------------------------------------------------- iteration
     def my_batches(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
-        batches = partition.rank_batches(self.index.n_samples, self.consumed, self.world_size, self.rank,
+        batches = partition.rank_batches(self.n_samples, self.consumed, self.world_size, self.rank,
                                          self.batch_size, self.tail)
         return partition.worker_batches(batches, worker, num_workers)
 
@@ -170,7 +206,9 @@ class ShardDataset(IterableDataset):
         valid = positions >= 0
         filled = positions.copy()
         filled[~valid] = positions[valid][0] if valid.any() else 0
-        samples = order[filled]
+        samples = self.anchors[order[filled]]
+        if self.obs_horizon is not None:
+            return self._load_obs_batch(samples, valid, positions)
         b = len(samples)
         w, h = ix.image_size
         shared = get_worker_info() is not None
@@ -185,11 +223,45 @@ class ShardDataset(IterableDataset):
         mask[...] = 1
         for i, si in enumerate(samples.tolist()):
             jpg, js = self._read(si)
-            self._decode_image(si, jpg, images[i])
+            self.decode_image(si, jpg, images[i])
             jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i])
         return {
             "image": t_img,
             "proprio": t_prop,
+            "action": t_act,
+            "action_mask": t_mask,
+            "joints_valid": t_jv,
+            "weight": torch.from_numpy(valid.astype(np.float32)),
+            "index": torch.from_numpy(samples.astype(np.int64)),
+            "position": torch.from_numpy(positions.astype(np.int64)),
+        }
+
+    def _load_obs_batch(self, samples: np.ndarray, valid: np.ndarray,
+                        positions: np.ndarray) -> dict[str, torch.Tensor]:
+        """The obs_horizon layout (class docstring): N frames per sample, relative proprio."""
+        ix = self.index
+        assert self.obs_horizon is not None
+        n = self.obs_horizon
+        idx, obs_mask = obs.window(ix, samples, n)
+        b = len(samples)
+        w, h = ix.image_size
+        shared = get_worker_info() is not None
+        t_img = _alloc((b, n, h, w, 3), torch.uint8, shared)
+        t_prop = _alloc((b, n, POSE_DIMS + ix.proprio_dim), torch.float32, shared)
+        t_act = _alloc((b, ix.horizon, ix.action_dim), torch.float32, shared)
+        t_mask = _alloc((b, ix.horizon), torch.float32, shared)
+        t_jv = _alloc((b,), torch.float32, shared)
+        images, proprio, action, mask, jvalid = (t.numpy() for t in (t_img, t_prop, t_act, t_mask, t_jv))
+        mask[...] = 1
+        for i in range(b):
+            jvalid[i] = obs.load_window(self, idx[i], images[i], proprio[i], action[i], mask[i], self._joint_fill)
+        if self.normalizer is not None:
+            action[...] = self.normalizer.normalize_action(action)
+            proprio[...] = self.normalizer.normalize_proprio(proprio)
+        return {
+            "image": t_img.permute(0, 1, 4, 2, 3),
+            "proprio": t_prop,
+            "obs_mask": torch.from_numpy(obs_mask),
             "action": t_act,
             "action_mask": t_mask,
             "joints_valid": t_jv,
@@ -238,6 +310,29 @@ class ShardDataset(IterableDataset):
             out.append(memoryview(buf))
         return out[0], out[1]
 
+    def read_many(self, idx: list[int]) -> list[tuple[memoryview, memoryview]]:
+        """(jpg, json) of samples `idx` (ascending): one pread when they sit in one
+        shard close together (an observation window), else one per sample."""
+        ix = self.index
+        s = int(ix.shard[idx[0]])
+        if len(idx) == 1 or any(int(ix.shard[i]) != s for i in idx):
+            return [self._read(i) for i in idx]
+        lo = min(int(ix.jpg_offset[idx[0]]), int(ix.json_offset[idx[0]]))
+        hi = max(int(ix.jpg_offset[i] + ix.jpg_size[i]) for i in idx)
+        hi = max(hi, max(int(ix.json_offset[i] + ix.json_size[i]) for i in idx))
+        if hi - lo > int(sum(ix.jpg_size[i] + ix.json_size[i] for i in idx)) + 4096 * len(idx):
+            return [self._read(i) for i in idx]
+        fd = self._fd(s)
+        buf = os.pread(fd, hi - lo, lo)
+        if len(buf) < hi - lo:
+            raise self._truncated(fd, s, idx[-1], hi)
+        mv = memoryview(buf)
+        out = []
+        for i in idx:
+            jo, so = int(ix.jpg_offset[i]) - lo, int(ix.json_offset[i]) - lo
+            out.append((mv[jo:jo + int(ix.jpg_size[i])], mv[so:so + int(ix.json_size[i])]))
+        return out
+
     def _truncated(self, fd: int, s: int, i: int, need: int) -> ShardshipError:
         """A read came up short: say which file is wrong. The shard shorter than
         index.json says -> re-upload the shard; the shard as long as index.json says
@@ -251,14 +346,14 @@ class ShardDataset(IterableDataset):
                               f"of shard {name}, which has the {size} bytes index.json gives it: index.json is "
                               "inconsistent; re-run `packer pack`")
 
-    def _decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
+    def decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
         h, w = out.shape[:2]
         try:
             arr = decode_jpeg(jpg, w, h)
         except (OSError, ValueError, SyntaxError) as e:
-            raise self._bad(i, f"JPEG does not decode ({e})") from None
+            raise self.bad(i, f"JPEG does not decode ({e})") from None
         if arr.shape != out.shape:
-            raise self._bad(i, f"image is {arr.shape[1]}x{arr.shape[0]}, index.json says "
+            raise self.bad(i, f"image is {arr.shape[1]}x{arr.shape[0]}, index.json says "
                                f"{out.shape[1]}x{out.shape[0]}")
         out[...] = arr
 
@@ -269,20 +364,20 @@ class ShardDataset(IterableDataset):
         try:
             d = sample_arrays(bytes(js), action.shape[0], action.shape[1], proprio.shape[0])
         except (ValueError, TypeError, UnicodeDecodeError, AttributeError) as e:
-            raise self._bad(i, f"sample JSON does not match index.json ({e})") from None
+            raise self.bad(i, f"sample JSON does not match index.json ({e})") from None
         action[...] = d["action"]
         if d["action_mask"] is not None:
             mask[...] = d["action_mask"]
         if not d["joints_valid"]:
             proprio[...] = self._proprio_fill
-            self._check_finite(i, action=action)
+            self.check_finite(i, action=action)
             return 0.0
         if d["proprio"] is not None:
             proprio[...] = d["proprio"]
-        self._check_finite(i, action=action, proprio=proprio)
+        self.check_finite(i, action=action, proprio=proprio)
         return 1.0
 
-    def _check_finite(self, i: int, **arrays: np.ndarray) -> None:
+    def check_finite(self, i: int, **arrays: np.ndarray) -> None:
         """A NaN/inf in a sample would turn the weights into NaN: refuse it here, by
         its key, before it reaches a gradient (and so a checkpoint)."""
         for name, a in arrays.items():
@@ -294,7 +389,7 @@ class ShardDataset(IterableDataset):
                     f"{a[at]}: the session's poses/joints hold NaN or inf; fix or drop the session, re-run "
                     "`packer pack`")
 
-    def _bad(self, i: int, reason: str) -> ShardshipError:
+    def bad(self, i: int, reason: str) -> ShardshipError:
         s = int(self.index.shard[i])
         return ShardshipError(f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {reason}; re-pack")
 

@@ -114,18 +114,24 @@ def _numbers(js: bytes, key: bytes, nested: bool) -> np.ndarray | None:
     return np.fromstring(seg, dtype=np.float64, sep=",")  # text mode: parsed in C
 
 
-def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int) -> dict[str, Any]:
+def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int, with_pose: bool = False) -> dict[str, Any]:
     """{"action": (T, D), "action_mask": (T,) | None, "proprio": (J,) | None} as
-    float32, and "joints_valid" (False for a session recorded without the glove). Raises ValueError when the
-    JSON does not fit the index's shapes."""
+    float32, and "joints_valid" (False for a session recorded without the glove); `with_pose` adds
+    "pose" (4, 4) float64 (what the relative proprio needs). Raises ValueError when the JSON does not
+    fit the index's shapes."""
     a = _numbers(js, b'"action":', nested=True)
     m = _numbers(js, b'"action_mask":', nested=False)
     p = _numbers(js, b'"proprio":', nested=False) if joints else np.zeros(0)
     jv = b'"joints_valid":false' not in js  # packed by the packer as compact JSON
+    pose = _numbers(js, b'"pose":', nested=True) if with_pose else None
     if (a is not None and a.size == horizon * action_dim and m is not None and m.size == horizon
-            and p is not None and p.size == joints):
-        return {"action": a.astype(np.float32).reshape(horizon, action_dim), "action_mask": m.astype(np.float32),
-                "proprio": p.astype(np.float32), "joints_valid": jv}
+            and p is not None and p.size == joints and (not with_pose or (pose is not None and pose.size == 16))):
+        fast: dict[str, Any] = {"action": a.astype(np.float32).reshape(horizon, action_dim),
+                                "action_mask": m.astype(np.float32), "proprio": p.astype(np.float32),
+                                "joints_valid": jv}
+        if pose is not None:
+            fast["pose"] = pose.reshape(4, 4)
+        return fast
     d = json.loads(js)
     if d.get("action") is None:
         raise ValueError("action is null but index.json says has_action")
@@ -135,4 +141,25 @@ def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int) -> dict
     prop = d.get("proprio")
     out["proprio"] = None if not joints or prop is None else np.asarray(prop, dtype=np.float32).reshape(joints)
     out["joints_valid"] = d.get("joints_valid", True) is not False
+    if with_pose:
+        if d.get("pose") is None:
+            raise ValueError("pose is null but index.json says has_action")
+        out["pose"] = np.asarray(d["pose"], dtype=np.float64).reshape(4, 4)
     return out
+
+
+def obs_arrays(js: bytes, joints: int) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    """(pose (4, 4) float64, joints (J,) float32 or None, joints_valid) of one
+    frame: what an observation step needs from its sample JSON. Raises ValueError
+    when the frame has no pose (index.json then says it has no action either)."""
+    pose = _numbers(js, b'"pose":', nested=True)
+    p = _numbers(js, b'"proprio":', nested=False) if joints else np.zeros(0)
+    jv = b'"joints_valid":false' not in js
+    if pose is not None and pose.size == 16 and p is not None and p.size == joints:
+        return pose.reshape(4, 4), p.astype(np.float32), jv
+    d = json.loads(js)
+    if d.get("pose") is None:
+        raise ValueError("pose is null but index.json says has_action")
+    prop = d.get("proprio")
+    prop_arr = None if not joints or prop is None else np.asarray(prop, dtype=np.float32).reshape(joints)
+    return np.asarray(d["pose"], dtype=np.float64).reshape(4, 4), prop_arr, d.get("joints_valid", True) is not False

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.actions import runs
 from shardship.errors import ShardshipError
 from shardship.format import index as fmt
 
@@ -40,6 +41,11 @@ class ShardIndex:
     json_size: np.ndarray  # int64
     session: np.ndarray  # int32
     keys: np.ndarray  # fixed-width bytes ("S"), one buffer
+    # place in the sample's run of consecutive posed frames of its session: frames
+    # of the run before it (its obs window reaches that far back) and after it (its
+    # action chunk is real for min(horizon, run_after) steps)
+    run_before: np.ndarray  # int32
+    run_after: np.ndarray  # int32
     # per session / dataset
     session_names: list[str]
     joints: list[str]
@@ -105,6 +111,8 @@ class ShardIndex:
             json_size=self.json_size[mask],
             session=self.session[mask],
             keys=self.keys[mask],
+            run_before=self.run_before[mask],
+            run_after=self.run_after[mask],
             session_names=list(self.session_names),
             joints=list(self.joints),
             action_dim=self.action_dim,
@@ -141,7 +149,9 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
     shard_sha: list[str] = []
     shard_sess: list[int] = []
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "jpg_offset", "jpg_size", "json_offset",
-                                                         "json_size", "session", "keys")}
+                                                         "json_size", "session", "keys", "run_before",
+                                                         "run_after")}
+    runs = _session_runs(ix.shards)
     for sh in ix.shards:
         if sh.session not in session_id:
             session_id[sh.session] = len(session_names)
@@ -159,6 +169,9 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         for name in ("jpg_offset", "jpg_size", "json_offset", "json_size"):
             cols[name].append(getattr(sh.samples, name)[keep])
         cols["session"].append(np.full(n, session_id[sh.session], dtype=np.int32))
+        before, after = runs[sh.name]
+        cols["run_before"].append(before[keep])
+        cols["run_after"].append(after[keep])
         kept = keep.tolist()
         cols["keys"].append(np.array([k.encode() for k, k_ok in zip(sh.samples.keys, kept, strict=True) if k_ok]))
 
@@ -187,6 +200,8 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         json_size=cat("json_size", np.int64),
         session=cat("session", np.int32),
         keys=keys,
+        run_before=cat("run_before", np.int32),
+        run_after=cat("run_after", np.int32),
         session_names=session_names,
         joints=[str(j) for j in doc.get("joints", [])],
         action_dim=int(doc.get("action_dim", 9 + len(doc.get("joints", [])))),
@@ -195,6 +210,30 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         stats=dict(doc.get("stats", {})),
         pose_metric=metric,
     )
+
+
+def _session_runs(shards: Sequence[fmt.Shard]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per shard, for each of its rows: how many rows of the same run of posed
+    frames (`has_action` rows in a row, across the session's shards in index
+    order, which is frame order) come before it and after it. Rows without an
+    action get 0, 0."""
+    by_session: dict[str, list[fmt.Shard]] = {}
+    for sh in shards:
+        by_session.setdefault(sh.session, []).append(sh)
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for group in by_session.values():
+        has = np.concatenate([sh.samples.has_action for sh in group]) if group else np.zeros(0, bool)
+        before = np.zeros(len(has), np.int32)
+        after = np.zeros(len(has), np.int32)
+        for a, b in runs(has):
+            before[a:b] = np.arange(b - a)
+            after[a:b] = np.arange(b - a)[::-1]
+        at = 0
+        for sh in group:
+            n = len(sh.samples)
+            out[sh.name] = (before[at:at + n], after[at:at + n])
+            at += n
+    return out
 
 
 def split_sessions(names: Sequence[str], val_fraction: float, seed: int,

@@ -61,7 +61,9 @@ import os, sys, json
 from pathlib import Path
 from train.data import ShardDataset, load_index, make_loader
 index = load_index(Path(sys.argv[1]))
-ds = ShardDataset(index, int(sys.argv[2]), 0, 1, seed=0, tail="pad")
+# the trainer's reader: obs_horizon frames per sample (default 2), so batches as large as in training
+n_obs = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+ds = ShardDataset(index, int(sys.argv[2]), 0, 1, seed=0, tail="pad", obs_horizon=n_obs)
 me = os.getpid()
 def children():
     out = []

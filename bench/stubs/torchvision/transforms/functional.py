@@ -1,0 +1,2 @@
+def to_tensor(*a, **k):
+    raise NotImplementedError("bench stub")

@@ -1,0 +1,3 @@
+"""bench stub: streaming imports BatchFeature for a type check only."""
+class BatchFeature(dict):
+    pass

@@ -1,0 +1,3 @@
+"""bench stub: only imported, never used by the image bench."""
+class AutoTokenizer:
+    pass

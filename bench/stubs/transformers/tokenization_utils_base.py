@@ -1,0 +1,3 @@
+"""bench stub: streaming imports BatchEncoding for a type check only."""
+class BatchEncoding(dict):
+    pass

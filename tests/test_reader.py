@@ -296,6 +296,34 @@ def test_jpeg_fast_path_matches_pil_and_falls_back() -> None:
         decode.decode_jpeg(data[: len(data) // 2], 50, 30)
 
 
+def test_decode_into_batch_slot_matches_pil() -> None:
+    """The mapped path (decoder -> RGBX buffer -> OpenCV into the slot) gives PIL's
+    pixels, in a slot of a larger batch array; other layouts fall back; a wrong size
+    or broken data is an error, never a silently wrong slot."""
+    from train.data import decode
+
+    rng = np.random.default_rng(2)
+    img = (rng.random((30, 50, 3)) * 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=85)
+    data = buf.getvalue()
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    batch = np.zeros((3, 2, 30, 50, 3), dtype=np.uint8)
+    decode.decode_jpeg_into(memoryview(data), batch[1, 0])
+    assert decode._mapped_ok is True, "the mapped decoder should work with pillow-simd + OpenCV"
+    assert np.array_equal(batch[1, 0], want)
+    assert not batch[0].any() and not batch[1, 1].any() and not batch[2].any()  # neighbours untouched
+    gray = io.BytesIO()
+    Image.fromarray(img[..., 0]).save(gray, format="JPEG")
+    slot = np.zeros((30, 50, 3), dtype=np.uint8)
+    decode.decode_jpeg_into(gray.getvalue(), slot)  # 1 component: general path, still RGB
+    assert np.array_equal(slot, np.asarray(Image.open(io.BytesIO(gray.getvalue())).convert("RGB")))
+    with pytest.raises(ValueError, match="50x30, index.json says 64x64"):
+        decode.decode_jpeg_into(data, np.zeros((64, 64, 3), dtype=np.uint8))
+    with pytest.raises((OSError, ValueError, SyntaxError)):
+        decode.decode_jpeg_into(data[: len(data) // 2], slot)
+
+
 def test_json_fast_path_matches_json_loads() -> None:
     import json
 

@@ -56,7 +56,8 @@ def main() -> None:
               help="stack: ResNet18 ImageNet weights: hub (torch hub cache, default), a .pth file, "
                    "or none (random init).")
 @click.option("--time-limit", default=None, help="HH:MM:SS: checkpoint and stop before this much wall time.")
-@click.option("--obs-horizon", type=int, default=None, help="Observation frames per sample (default: the preset's, 2 = t-1, t; tiny 1).")
+@click.option("--obs-horizon", type=int, default=None,
+              help="Observation frames per sample (default: the preset's, 2 = t-1, t; tiny 1).")
 @click.option("--edges", type=click.Choice(["inside", "mask"]), default=None,
               help="Windows inside the session only (default), or every frame with padded steps masked.")
 @click.option("--normalize", type=click.Choice(["minmax", "zscore"]), default=None,

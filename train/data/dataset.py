@@ -30,7 +30,7 @@ from shardship.errors import ShardshipError
 from shardship.hashing import sha256_file
 from shardship.pil import cache_image_buffers
 from train.data import obs, partition
-from train.data.decode import decode_jpeg, sample_arrays
+from train.data.decode import decode_jpeg_into, sample_arrays
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer, obs_summary
 
@@ -347,15 +347,10 @@ class ShardDataset(IterableDataset):
                               "inconsistent; re-run `packer pack`")
 
     def decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
-        h, w = out.shape[:2]
         try:
-            arr = decode_jpeg(jpg, w, h)
+            decode_jpeg_into(jpg, out)
         except (OSError, ValueError, SyntaxError) as e:
             raise self.bad(i, f"JPEG does not decode ({e})") from None
-        if arr.shape != out.shape:
-            raise self.bad(i, f"image is {arr.shape[1]}x{arr.shape[0]}, index.json says "
-                               f"{out.shape[1]}x{out.shape[0]}")
-        out[...] = arr
 
     def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray,
                      mask: np.ndarray) -> float:

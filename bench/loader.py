@@ -1,20 +1,24 @@
 """The shard reader vs two usual ways to feed the same samples, one run.
 
     shardship   train.data.ShardDataset: index offsets -> one pread per sample,
-                PIL decode into a preallocated batch, 2 DataLoader workers
+                PIL's JPEG decoder straight into the batch slot, 2 DataLoader
+                workers (shardship_2frame: obs_horizon 2, two frames a sample)
     files       map-style Dataset over the same samples written as individual
                 .jpg + .json files (the "just a folder of images" loader), shuffle
     webdataset  the `webdataset` library on the same .tar shards (shard shuffle +
                 a 1000-sample shuffle buffer, rgb8 decode, batched in the workers)
+    litdata, mosaic  litdata's and MosaicML's StreamingDataset over the same
+                frames in their own formats (bench/peers.py)
 
-All three decode the same JPEGs with the same PIL (pillow-simd), parse the same
+All of them decode the same JPEGs with the same PIL (pillow-simd), parse the same
 JSON into the same arrays (image uint8 HxWx3, action, mask, proprio) and yield
 batches of 32 from 2 worker processes; the page cache is warm for all. Reported:
-samples/s (best of `repeats` runs of `passes` epochs each, the loaders
-interleaved), the ratio to `files` and to `webdataset`,
+samples/s (median of `repeats` runs of `passes` epochs each, the loaders
+interleaved, with min and max), CPU-ms per sample (this process + its workers),
+the ratio to each peer (median of the per-round ratios), the load average,
 and per-worker memory sampled from /proc over the epoch: RSS, and USS (private
 pages: what copy-on-write of the parent's Python objects would make grow).
-Targets: shardship >= 1.0x files and >= 1.2x webdataset, worker USS flat.
+Targets: shardship >= 1.0x files, >= 1.2x webdataset and litdata, worker USS flat.
 
 On a CUDA machine one more row: the default policy's bf16 training step time
 and the fraction of it spent waiting for this reader."""
@@ -23,7 +27,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -181,10 +187,17 @@ def webdataset_loader(index: ShardIndex) -> DataLoader:
     return wds.WebLoader(ds, batch_size=None, num_workers=WORKERS)
 
 
-def _timed(make: Callable[[], Iterable], passes: int) -> tuple[int, float]:
-    """Samples and seconds for `passes` epochs, each with a fresh loader (worker
-    start-up included, as in training)."""
-    t0 = time.perf_counter()
+def _cpu_seconds() -> float:
+    """user + sys of this process and its reaped children (the DataLoader workers,
+    joined at the end of every epoch)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _timed(make: Callable[[], Iterable], passes: int) -> tuple[int, float, float]:
+    """Samples, wall seconds and CPU seconds for `passes` epochs, each with a fresh
+    loader (worker start-up included, as in training)."""
+    c0, t0 = _cpu_seconds(), time.perf_counter()
     n = 0
     for _ in range(passes):
         for batch in make():
@@ -192,7 +205,7 @@ def _timed(make: Callable[[], Iterable], passes: int) -> tuple[int, float]:
                 n += int((batch["weight"] > 0).sum())  # tail padding is not a sample
             else:
                 n += int((batch["image"] if isinstance(batch, dict) else batch[0]).shape[0])
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, _cpu_seconds() - c0
 
 
 def peer_loaders(index: ShardIndex, work: Path, loaders: dict[str, Callable[[], Iterable]]) -> dict[str, str]:
@@ -271,10 +284,33 @@ def gpu_rows(packed: Path, steps: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------ run
+def _row(name: str, runs: dict[str, list[tuple[int, float, float]]], notes: dict[str, str],
+         mem: dict[str, dict[str, float]], common: dict[str, Any]) -> dict[str, Any]:
+    """One loader's CSV row: median samples/s over the interleaved repeats with its
+    spread, CPU-ms per sample, and its ratio to each peer as the median of the
+    per-round ratios (a round runs every loader once, so a slow minute hits both
+    sides of a ratio)."""
+    rates = [n / s for n, s, _ in runs[name]]
+    cpu_ms = [1000 * c / n for n, _, c in runs[name]]
+    row: dict[str, Any] = {"loader": name, "batch_size": BATCH, "workers": WORKERS, "samples": runs[name][0][0],
+                           "samples_per_s": round(statistics.median(rates), 1),
+                           "samples_per_s_min": round(min(rates), 1), "samples_per_s_max": round(max(rates), 1),
+                           "cpu_ms_per_sample": round(statistics.median(cpu_ms), 3)}
+    for peer in ("files", "webdataset", "litdata", "mosaic"):
+        if peer in runs and runs[peer]:
+            per_round = [(n / s) / (pn / ps) for (n, s, _), (pn, ps, _) in zip(runs[name], runs[peer], strict=True)]
+            row[f"ratio_vs_{peer}"] = round(statistics.median(per_round), 3)
+        else:
+            row[f"ratio_vs_{peer}"] = None
+    row["cpu_ratio_vs_litdata"] = (round(statistics.median(cpu_ms) / statistics.median(
+        [1000 * c / n for n, _, c in runs["litdata"]]), 3) if runs.get("litdata") else None)
+    return {**row, "peer_note": notes.get(name, ""), **mem.get(name, {}), **common}
+
+
 def run(results_dir: Path, quick: bool = False) -> list[dict]:
     from tests.datasets import make_packed
 
-    sessions, frames, repeats, passes = (2, 150, 1, 2) if quick else (4, 300, 3, 3)
+    sessions, frames, repeats, passes = (2, 150, 1, 2) if quick else (4, 300, 5, 2)
     work = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     try:
         packed = make_packed(work / "data", sessions=sessions, frames=frames, seed=0, shard_bytes=2 * 1024 * 1024)
@@ -302,30 +338,20 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
         loaders: dict[str, Callable[[], Iterable]] = {"shardship": ours, "shardship_2frame": ours_2frame,
                                                       "files": files, "webdataset": wds}
         notes = peer_loaders(index, work, loaders)
-        best: dict[str, tuple[int, float]] = {}
+        runs: dict[str, list[tuple[int, float, float]]] = {k: [] for k in loaders}
         mem: dict[str, dict[str, float]] = {}
+        loads = [os.getloadavg()[0]]
         for _ in range(repeats):  # interleaved, so background load hits all alike
             for name, make in loaders.items():
                 with WorkerMemory() as wm:
-                    n, secs = _timed(make, passes)
-                if name not in best or secs < best[name][1]:
-                    best[name] = (n, secs)
-                    mem[name] = wm.summary()
-        rate = {k: n / s for k, (n, s) in best.items()}
+                    runs[name].append(_timed(make, passes))
+                mem.setdefault(name, wm.summary())
+            loads.append(os.getloadavg()[0])
         common = {"machine": machine(), "python": platform.python_version(), "pil": describe(),
                   "torch": torch.__version__, "samples_in_set": index.n_samples, "shards": index.n_shards,
                   "image": f"{index.image_size[0]}x{index.image_size[1]}", "repeats": repeats,
-                  "passes": passes}
-        rows = []
-        for name in loaders:
-            n, secs = best[name]
-            rows.append({"loader": name, "batch_size": BATCH, "workers": WORKERS, "samples": n,
-                         "seconds": round(secs, 3), "samples_per_s": round(rate[name], 1),
-                         "ratio_vs_files": round(rate[name] / rate["files"], 3),
-                         "ratio_vs_webdataset": round(rate[name] / rate["webdataset"], 3),
-                         "ratio_vs_litdata": round(rate[name] / rate["litdata"], 3) if "litdata" in rate else None,
-                         "ratio_vs_mosaic": round(rate[name] / rate["mosaic"], 3) if "mosaic" in rate else None,
-                         "peer_note": notes.get(name, ""), **mem.get(name, {}), **common})
+                  "passes": passes, "load_avg_1min": f"{min(loads):.1f}-{max(loads):.1f}"}
+        rows = [_row(name, runs, notes, mem, common) for name in loaders]
         rows += [{"loader": k, "peer_note": v, **common} for k, v in notes.items() if k not in loaders]
         ours_row = rows[0]
         ours_row["target_vs_files"] = ">=1.0"

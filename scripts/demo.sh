@@ -6,22 +6,24 @@ PY=${PY:-.venv/bin/python}
 BIN=${BIN:-$(dirname "$PY")}  # console scripts: immune to a train.py of your own here
 DEMO=${DEMO:-data/demo}
 FRAMES=${FRAMES:-180}
-echo "== 1/6 synthetic sessions, zipped as the app exports them -> $DEMO/raw"
+T0=$(date +%s)
+stage() { echo "== $1 (at $(( $(date +%s) - T0 )) s)"; }
+stage "1/6 synthetic sessions, zipped as the app exports them -> $DEMO/raw"
 [ -d "$DEMO/raw" ] || "$BIN/packer" synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip
 "$BIN/packer" check --raw "$DEMO/raw"
-echo "== 2/6 pack -> $DEMO/packed"
+stage "2/6 pack -> $DEMO/packed"
 "$BIN/packer" pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers
-echo "== 3/6 budget against a 10G quota"
+stage "3/6 budget against a 10G quota"
 "$BIN/packer" budget --out "$DEMO/packed" --quota 10G
-echo "== 4/6 upload to the local-directory cluster local:$DEMO/cluster (verified, resumable)"
+stage "4/6 upload to the local-directory cluster local:$DEMO/cluster (verified, resumable)"
 "$BIN/transfer" upload --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
 "$BIN/transfer" status --cluster "local:$DEMO/cluster" --out "$DEMO/packed"
-echo "== 5/6 train a small diffusion policy on the uploaded shards (CPU, ${STEPS:=300} steps; resumes if run again)"
+stage "5/6 train a small diffusion policy on the uploaded shards (CPU, ${STEPS:=300} steps; resumes if run again)"
 "$BIN/train" run --data "$DEMO/cluster/shardship" --out outputs/demo --model tiny --steps "$STEPS" \
     --warmup 20 --lr 1e-3 --checkpoint-every 100 --val-every 100
-echo "== 6/6 evaluate the EMA policy on the validation sessions"
+stage "6/6 evaluate the EMA policy on the validation sessions"
 "$BIN/train" eval --data "$DEMO/cluster/shardship" --out outputs/demo
 echo
-echo "demo done: raw sessions in $DEMO/raw, shards + index.json in $DEMO/packed,"
+echo "demo done in $(( $(date +%s) - T0 )) s: raw sessions in $DEMO/raw, shards + index.json in $DEMO/packed,"
 echo "           uploaded copy in $DEMO/cluster/shardship,"
 echo "           checkpoints, metrics.jsonl, loss curve and eval plot in outputs/demo"

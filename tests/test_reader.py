@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from shardship.errors import ShardshipError
@@ -322,6 +323,21 @@ def test_decode_into_batch_slot_matches_pil() -> None:
         decode.decode_jpeg_into(data, np.zeros((64, 64, 3), dtype=np.uint8))
     with pytest.raises((OSError, ValueError, SyntaxError)):
         decode.decode_jpeg_into(data[: len(data) // 2], slot)
+
+
+@pytest.mark.timeout(120)
+def test_workers_fork_after_the_parent_decoded(packed: Path) -> None:
+    """The parent decodes frames itself (num_workers=0: eval, your own loop), then
+    forks workers epoch after epoch (OpenCV state crosses the fork: a worker that
+    reconfigured OpenCV's threads itself hung every epoch during development).
+    Both paths give the same batches."""
+    index = load_index(packed)
+    ds = ShardDataset(index, 4, seed=3, window=4, tail="pad")
+    inline = [b["image"].clone() for b in make_loader(ds, 0)]
+    for _ in range(2):
+        forked = [b["image"] for b in make_loader(ds, 2)]
+        assert len(forked) == len(inline)
+        assert all(torch.equal(a, b) for a, b in zip(inline, forked, strict=True))
 
 
 def test_json_fast_path_matches_json_loads() -> None:

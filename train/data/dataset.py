@@ -29,7 +29,7 @@ from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 from shardship.hashing import sha256_file
 from shardship.pil import cache_image_buffers
-from train.data import obs, partition
+from train.data import decode, obs, partition
 from train.data.decode import decode_jpeg_into, sample_arrays
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer, obs_summary
@@ -138,6 +138,7 @@ class ShardDataset(IterableDataset):
         self.epoch = 0
         self.consumed = 0
         self._counts = np.bincount(index.shard[self.anchors], minlength=index.n_shards).astype(np.int64)
+        decode.prepare()  # here, before workers fork: they inherit it
         self._fds: OrderedDict[int, int] = OrderedDict()
         pstats = (index.stats or {}).get("proprio") or {}
         mean = pstats.get("mean") or []
@@ -225,6 +226,7 @@ class ShardDataset(IterableDataset):
             jpg, js = self._read(si)
             self.decode_image(si, jpg, images[i])
             jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i])
+        self.check_finite(samples, action=action, proprio=proprio)
         return {
             "image": t_img,
             "proprio": t_prop,
@@ -255,6 +257,7 @@ class ShardDataset(IterableDataset):
         mask[...] = 1
         for i in range(b):
             jvalid[i] = obs.load_window(self, idx[i], images[i], proprio[i], action[i], mask[i], self._joint_fill)
+        self.check_finite(samples, action=action, proprio=proprio)
         if self.normalizer is not None:
             action[...] = self.normalizer.normalize_action(action)
             proprio[...] = self.normalizer.normalize_proprio(proprio)
@@ -365,19 +368,19 @@ class ShardDataset(IterableDataset):
             mask[...] = d["action_mask"]
         if not d["joints_valid"]:
             proprio[...] = self._proprio_fill
-            self.check_finite(i, action=action)
             return 0.0
         if d["proprio"] is not None:
             proprio[...] = d["proprio"]
-        self.check_finite(i, action=action, proprio=proprio)
         return 1.0
 
-    def check_finite(self, i: int, **arrays: np.ndarray) -> None:
+    def check_finite(self, samples: np.ndarray, **arrays: np.ndarray) -> None:
         """A NaN/inf in a sample would turn the weights into NaN: refuse it here, by
-        its key, before it reaches a gradient (and so a checkpoint)."""
-        for name, a in arrays.items():
-            if not np.isfinite(a).all():
-                at = tuple(int(x) for x in np.argwhere(~np.isfinite(a))[0])
+        its key, before it reaches a gradient (and so a checkpoint). One check per
+        batch (arrays lead with the batch axis, `samples` names their rows)."""
+        for name, batch in arrays.items():
+            if not np.isfinite(batch).all():
+                first = [int(x) for x in np.argwhere(~np.isfinite(batch))[0]]
+                i, a, at = int(samples[first[0]]), batch[first[0]], tuple(first[1:])
                 s = int(self.index.shard[i])
                 raise ShardshipError(
                     f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {name}{list(at)} is "

@@ -11,7 +11,8 @@ one for anything else:
   pixel, and getting an (H, W, 3) array out of it (`tobytes`, a join, then the
   copy into the batch) cost ~100 us a frame; instead the decoder writes into a
   per-thread RGBX buffer PIL maps (`Image.core.map_buffer`) and OpenCV drops the
-  fourth byte straight into the batch array (~10 us). Measured on 224x224 frames
+  fourth byte straight into the batch array (~10 us; OpenCV kept to one thread,
+  see `_cv2`). Measured on 224x224 frames
   on the 2-core bench VM: ~300 us a frame against ~440 us. Without OpenCV (a
   cluster env built around torch alone) the direct path is used. Once per process
   each fast path is checked against `Image.open` on a test image; if this PIL
@@ -36,6 +37,7 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _fast_jpeg_ok: bool | None = None  # per process
 _mapped_ok: bool | None = None  # per process: decode_jpeg_into's mapped path checked
 _scratch = threading.local()  # per thread: the RGBX buffer the mapped decoder writes
+_cv2_mod: Any = None  # OpenCV once imported (and set to one thread) by _cv2()
 
 
 def jpeg_frame(buf: bytes | memoryview) -> tuple[int, int, int] | None:
@@ -105,11 +107,26 @@ def _rgbx(width: int, height: int) -> np.ndarray:
     return buf
 
 
+def _cv2() -> Any:
+    """OpenCV, set to one thread in the first process that decodes (the parent,
+    via `prepare`, before DataLoader workers fork): the workers are the reader's
+    parallelism, and a worker never touches OpenCV's thread settings itself
+    (calling setNumThreads in a forked worker hung every epoch here, the pool
+    state inherited from the parent). Process-wide: a process that decodes
+    frames with the reader runs OpenCV on one thread."""
+    global _cv2_mod
+    if _cv2_mod is None:
+        import cv2
+
+        cv2.setNumThreads(1)
+        _cv2_mod = cv2
+    return _cv2_mod
+
+
 def _decode_mapped(jpg: bytes | memoryview, out: np.ndarray) -> None:
     """Decode into this thread's RGBX buffer (PIL's own pixel layout, mapped, so no
     copy out of PIL), then drop the X byte into `out` (H, W, 3) with OpenCV."""
-    import cv2
-
+    cv2 = _cv2()
     height, width = out.shape[:2]
     rgbx = _rgbx(width, height)
     core = Image.core.map_buffer(rgbx, (width, height), "raw", 0, ("RGBX", width * 4, 1))
@@ -127,7 +144,7 @@ def _decode_mapped(jpg: bytes | memoryview, out: np.ndarray) -> None:
 def _check_mapped_path() -> bool:
     """Does the mapped decoder give exactly what Image.open gives, here (PIL build, OpenCV present)?"""
     try:
-        import cv2  # noqa: F401
+        _cv2()
     except ImportError:
         return False
     rng = np.random.default_rng(1)
@@ -141,6 +158,18 @@ def _check_mapped_path() -> bool:
         return bool(np.array_equal(out, _decode_general(data)))
     except Exception:  # noqa: BLE001 - any failure means: use the other paths
         return False
+
+
+def prepare() -> None:
+    """Run the fast-path checks (importing OpenCV) in this process: call it before
+    DataLoader workers fork, so each inherits the answer instead of importing cv2
+    itself (~0.6 s of CPU here, per worker and per epoch: workers fork anew every
+    epoch)."""
+    global _mapped_ok, _fast_jpeg_ok
+    if _fast_jpeg_ok is None:
+        _fast_jpeg_ok = _check_fast_path()
+    if _mapped_ok is None:
+        _mapped_ok = _check_mapped_path()
 
 
 def decode_jpeg_into(jpg: bytes | memoryview, out: np.ndarray) -> None:

@@ -9,7 +9,7 @@ FRAMES=${FRAMES:-180}
 T0=$(date +%s)
 stage() { echo "== $1 (at $(( $(date +%s) - T0 )) s)"; }
 stage "1/6 synthetic sessions, zipped as the app exports them -> $DEMO/raw"
-[ -d "$DEMO/raw" ] || "$BIN/packer" synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip
+[ -d "$DEMO/raw" ] || "$BIN/packer" synth --out "$DEMO/raw" --sessions 3 --frames "$FRAMES" --seed 0 --export zip --workers 2
 "$BIN/packer" check --raw "$DEMO/raw"
 stage "2/6 pack -> $DEMO/packed"
 "$BIN/packer" pack --raw "$DEMO/raw" --out "$DEMO/packed" --shard-mb 1  # small shards: many ranks x workers

@@ -227,16 +227,7 @@ class ShardDataset(IterableDataset):
             self.decode_image(si, jpg, images[i])
             jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i])
         self.check_finite(samples, action=action, proprio=proprio)
-        return {
-            "image": t_img,
-            "proprio": t_prop,
-            "action": t_act,
-            "action_mask": t_mask,
-            "joints_valid": t_jv,
-            "weight": torch.from_numpy(valid.astype(np.float32)),
-            "index": torch.from_numpy(samples.astype(np.int64)),
-            "position": torch.from_numpy(positions.astype(np.int64)),
-        }
+        return _batch(t_img, t_prop, t_act, t_mask, t_jv, valid, samples, positions)
 
     def _load_obs_batch(self, samples: np.ndarray, valid: np.ndarray,
                         positions: np.ndarray) -> dict[str, torch.Tensor]:
@@ -261,17 +252,8 @@ class ShardDataset(IterableDataset):
         if self.normalizer is not None:
             action[...] = self.normalizer.normalize_action(action)
             proprio[...] = self.normalizer.normalize_proprio(proprio)
-        return {
-            "image": t_img.permute(0, 1, 4, 2, 3),
-            "proprio": t_prop,
-            "obs_mask": torch.from_numpy(obs_mask),
-            "action": t_act,
-            "action_mask": t_mask,
-            "joints_valid": t_jv,
-            "weight": torch.from_numpy(valid.astype(np.float32)),
-            "index": torch.from_numpy(samples.astype(np.int64)),
-            "position": torch.from_numpy(positions.astype(np.int64)),
-        }
+        return {**_batch(t_img.permute(0, 1, 4, 2, 3), t_prop, t_act, t_mask, t_jv, valid, samples, positions),
+                "obs_mask": torch.from_numpy(obs_mask)}
 
     # -------------------------------------------------------------- file I/O
     def _fd(self, s: int) -> int:
@@ -395,6 +377,15 @@ class ShardDataset(IterableDataset):
         while self._fds:
             _, fd = self._fds.popitem()
             os.close(fd)
+
+
+def _batch(image: torch.Tensor, proprio: torch.Tensor, action: torch.Tensor, mask: torch.Tensor,
+           jvalid: torch.Tensor, valid: np.ndarray, samples: np.ndarray, positions: np.ndarray) -> dict[str, Any]:
+    """The batch dict both layouts yield (ShardDataset's docstring lists the keys)."""
+    return {"image": image, "proprio": proprio, "action": action, "action_mask": mask, "joints_valid": jvalid,
+            "weight": torch.from_numpy(valid.astype(np.float32)),
+            "index": torch.from_numpy(samples.astype(np.int64)),
+            "position": torch.from_numpy(positions.astype(np.int64))}
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:

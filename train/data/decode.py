@@ -66,8 +66,8 @@ def jpeg_frame(buf: bytes | memoryview) -> tuple[int, int, int] | None:
     return None
 
 
-def _decode_direct(jpg: bytes | memoryview, width: int, height: int) -> np.ndarray:
-    core = Image.core.new("RGB", (width, height))
+def _jpeg_into_core(jpg: bytes | memoryview, core: Any, width: int, height: int) -> None:
+    """Run PIL's C JPEG decoder on the whole buffer into a core image (RGB layout)."""
     # PIL types this as the C decoder or a Python PyDecoder (whose stub takes bytes only);
     # "jpeg" is always the C one, which reads any buffer, memoryview included
     dec = cast("ImagingDecoder", Image._getdecoder("RGB", "jpeg", ("RGB", "")))
@@ -78,6 +78,11 @@ def _decode_direct(jpg: bytes | memoryview, width: int, height: int) -> np.ndarr
         dec.cleanup()
     if n >= 0 or err < 0:  # the decoder wanted more data, or failed
         raise OSError(f"JPEG data is truncated or corrupt (decoder status {n}, {err})")
+
+
+def _decode_direct(jpg: bytes | memoryview, width: int, height: int) -> np.ndarray:
+    core = Image.core.new("RGB", (width, height))
+    _jpeg_into_core(jpg, core, width, height)
     return np.asarray(Image.Image()._new(core))
 
 
@@ -130,14 +135,7 @@ def _decode_mapped(jpg: bytes | memoryview, out: np.ndarray) -> None:
     height, width = out.shape[:2]
     rgbx = _rgbx(width, height)
     core = Image.core.map_buffer(rgbx, (width, height), "raw", 0, ("RGBX", width * 4, 1))
-    dec = cast("ImagingDecoder", Image._getdecoder("RGB", "jpeg", ("RGB", "")))
-    dec.setimage(core, (0, 0, width, height))
-    try:
-        n, err = dec.decode(jpg)
-    finally:
-        dec.cleanup()
-    if n >= 0 or err < 0:
-        raise OSError(f"JPEG data is truncated or corrupt (decoder status {n}, {err})")
+    _jpeg_into_core(jpg, core, width, height)
     cv2.cvtColor(rgbx, cv2.COLOR_RGBA2RGB, dst=out)
 
 

@@ -1,12 +1,13 @@
-"""Where the shards go: one interface, two backends.
+"""Where the shards go: one interface, three backends.
 
 `Remote` (base.py) is the small set of operations upload, pull, status and
 the job submitter need; `OpenSSHRemote` (openssh.py) does them as channels of
 one OpenSSH ControlMaster (master.py: one login per cluster per day),
-`SSHRemote` (ssh.py) over ONE Fabric connection (the fallback), `LocalRemote` (local.py) on a local directory (`local:PATH`), so
-the demo and the fast tests run the same code without SSH. Hashing and quota
-are functions over a Remote (transfer.hashing, transfer.quota), not methods,
-so nothing here imports them.
+`SSHRemote` (ssh.py) over ONE Fabric connection (the fallback), `LocalRemote`
+(local.py) on a local directory (`local:PATH`), so the demo and the fast
+tests run the same code without SSH. Hashing and quota are functions over
+a Remote (transfer.hashing, transfer.quota), not methods, so nothing here
+imports them.
 
 Everything is re-exported here: `from transfer.remote import Remote,
 LocalRemote, SSHRemote, ...` is the import to use outside this package.

@@ -38,6 +38,10 @@ DEFAULT_ALIVE = ("15", "3")  # ServerAliveInterval/CountMax when the config sets
 CONNECT_TIMEOUT = "30"
 
 
+class UnknownHostKey(RemoteError):
+    """The server's key is not in known_hosts (and the user did not opt in)."""
+
+
 def ssh_binary() -> str | None:
     """The OpenSSH client, or None (then the Fabric transport is the fallback)."""
     return shutil.which("ssh")
@@ -119,7 +123,7 @@ class Master:
             err.seek(0)
             text = err.read().decode("utf-8", "replace")
         if rc != 0:
-            raise RemoteError(self.explain(text))
+            raise self.error(text)
         added = re.search(r"Permanently added '([^']+)' \(([^)]+)\)", text)
         if added:
             print(f"{self.label}: accepted new host key for {added.group(1)}: {added.group(2)} "
@@ -147,6 +151,11 @@ class Master:
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         m = re.search(r"Server host key: (\S+) (SHA256:\S+)", res.stderr)
         return f"{m.group(1)} {m.group(2)}" if m else None
+
+    def error(self, stderr: str) -> RemoteError:
+        """OpenSSH's stderr after a failed login -> the one-line error to raise."""
+        msg = self.explain(stderr)
+        return UnknownHostKey(msg) if "unknown host key" in msg else RemoteError(msg)
 
     def explain(self, stderr: str) -> str:
         """OpenSSH's stderr after a failed login -> one line: host, what failed, what to do."""

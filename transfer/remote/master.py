@@ -174,7 +174,8 @@ class Master:
             return (f"{self.label}: unknown host key for {name}: {fp}. Compare it with the fingerprint your "
                     f"cluster publishes; if it matches, rerun with --accept-new-host-key to save it to "
                     f"{self.known_hosts[0]} (or connect once with `ssh`).")
-        if "read_passphrase" in stderr or "can't open /dev/tty" in stderr:
+        asks = re.search(r"Permission denied \(([^)]*(keyboard-interactive|password)[^)]*)\)", stderr)
+        if "read_passphrase" in stderr or "can't open /dev/tty" in stderr or (asks and not can_prompt()):
             return (f"{self.where}: the server asks for interactive login (password / Duo) but there is no "
                     f"terminal: run `transfer connect` in a terminal first (the login then lasts "
                     f"{self.persist}), or use a key that needs no prompt")
@@ -190,6 +191,18 @@ class Master:
         if "connect to host" in stderr:
             return f"{self.where}: cannot connect ({tail}); check the host, port and your network/VPN"
         return f"{self.where}: SSH connection failed: {tail}"
+
+
+def can_prompt() -> bool:
+    """Whether ssh can ask a person: a controlling terminal, or SSH_ASKPASS in force."""
+    if os.environ.get("SSH_ASKPASS") and (os.environ.get("SSH_ASKPASS_REQUIRE") in ("force", "prefer")
+                                          or os.environ.get("DISPLAY")):
+        return True
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+    except OSError:
+        return False
+    return True
 
 
 def _q(s: str) -> str:

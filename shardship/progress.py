@@ -18,22 +18,21 @@ EVERY_S = 60.0  # ... or per minute, whichever comes first
 
 
 def bar(total: float, desc: str, unit: str = "it", enabled: bool | None = None, *, bytes_: bool = False,
-        stream: TextIO | None = None, **tqdm_kw: Any) -> Any:
+        initial: float = 0, stream: TextIO | None = None, **tqdm_kw: Any) -> Any:
     """A tqdm bar on a terminal, `Lines` off one, nothing when `enabled` is False.
     `enabled=None`: bar on a terminal, plain lines otherwise; True forces output
     (bar or lines, by the stream)."""
     out = stream or sys.stderr
     tty = out.isatty()
-    if enabled is False:
-        return Lines(total, desc, unit, bytes_, out, silent=True)
-    if not tty:
-        return Lines(total, desc, unit, bytes_, out)
+    if enabled is False or not tty:
+        return Lines(total, desc, unit, bytes_, out, silent=enabled is False, initial=initial)
     from tqdm import tqdm
 
     if bytes_:
         tqdm_kw.update(unit_scale=True, unit_divisor=1024)
-    return tqdm(total=total, desc=desc, unit="B" if bytes_ else unit, file=out, dynamic_ncols=True,
-                mininterval=0.5, **tqdm_kw)
+    tqdm_kw.setdefault("mininterval", 0.5)
+    return tqdm(total=total, desc=desc, unit="B" if bytes_ else unit, file=out, dynamic_ncols=True, initial=initial,
+                **tqdm_kw)
 
 
 def _amount(n: float, bytes_: bool, unit: str) -> str:
@@ -47,12 +46,13 @@ def _amount(n: float, bytes_: bool, unit: str) -> str:
 class Lines:
     """One plain line per STEP of the total or per EVERY_S seconds, and one at the end."""
 
-    def __init__(self, total: float, desc: str, unit: str, bytes_: bool, stream: TextIO, silent: bool = False):
+    def __init__(self, total: float, desc: str, unit: str, bytes_: bool, stream: TextIO, silent: bool = False,
+                 initial: float = 0):
         self.total = total
         self.desc, self.unit, self.bytes_, self.stream, self.silent = desc, unit, bytes_, stream, silent
-        self.n = 0.0
+        self.n = self.initial = float(initial)
         self.t0 = self.last_t = time.monotonic()
-        self.last_frac = 0.0
+        self.last_frac = self.n / total if total else 0.0
         self.postfix = ""
         self.closed = False
 
@@ -67,12 +67,15 @@ class Lines:
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
         self.postfix = s
 
+    def set_postfix(self, refresh: bool = True, **kw: Any) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in kw.items())
+
     def _line(self, now: float) -> None:
         if self.silent:
             return
         dt = max(now - self.t0, 1e-9)
         pct = f"{100 * self.n / self.total:3.0f}% " if self.total else ""
-        rate = _amount(self.n / dt, self.bytes_, self.unit) + "/s"
+        rate = _amount((self.n - self.initial) / dt, self.bytes_, self.unit) + "/s"
         total = f" of {_amount(self.total, self.bytes_, self.unit)}" if self.total else ""
         tail = f" [{self.postfix}]" if self.postfix else ""
         print(f"{self.desc}: {pct}{_amount(self.n, self.bytes_, self.unit)}{total}, {rate}, {dt:.0f} s{tail}",
@@ -81,7 +84,7 @@ class Lines:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.n and self.last_frac < 1.0:
+            if self.n > self.initial and self.last_frac < 1.0:
                 self._line(time.monotonic())
 
     def write(self, msg: str) -> None:

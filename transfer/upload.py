@@ -152,23 +152,49 @@ def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, 
     bar = progress_mod.bar(plan.bytes_to_send, "upload", enabled=progress, bytes_=True)
     verified = [s for s in plan.steps if s.action == "skip"]
     ctx = _Ctx(remote, out_dir, bar, throttle, say, event, verified, plan, where)
-    # Shards are sent `streams` at a time (one at a time under --bwlimit or on Fabric,
-    # whose one SFTP session is not shared between threads); each is hashed on the
-    # remote (its own channel) while later ones are sent, and renamed into place in
-    # shard order when its hash is in.
     streams = 1 if throttle else max(1, min(streams or remote.streams, remote.streams))
+    try:
+        _send_all(ctx, result, streams)
+    finally:
+        bar.close()
+        _save_state(remote, state, [s for s in verified if s.action != "skip"], fresh)
+
+    if write_index(remote, index_bytes, plan, where):
+        result.index_written = True
+        event("index_written")
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _send_all(ctx: _Ctx, result: UploadResult, streams: int) -> None:
+    """Send, verify and rename every planned shard, `streams` at a time.
+
+    One stream (Fabric: its one SFTP session is not shared between threads; or
+    --bwlimit): shard i is hashed on the remote (its own channel) while shard i+1
+    is sent, and renamed by this thread. Several (OpenSSH): each sender thread
+    takes a shard through send, remote sha256 (its own long-lived hasher) and
+    rename, so the round trips of one shard overlap the bytes of the others.
+    Failures surface in shard order; a full disk removes every partial file."""
+    remote, plan = ctx.remote, ctx.plan
     senders: Any = _Inline() if streams == 1 else ThreadPoolExecutor(streams, thread_name_prefix="send")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
-    hasher: list[RemoteHasher] = []  # made in the worker thread, used only there
+    hashers: dict[int, RemoteHasher] = {}  # one per thread: each is used by its thread only
 
     def remote_hash(path: str) -> tuple[str, int | None]:
-        if not hasher:
-            hasher.append(RemoteHasher(remote))
-        return hasher[0].sha256(path)
+        h = hashers.get(threading.get_ident())
+        if h is None:
+            h = hashers[threading.get_ident()] = RemoteHasher(remote)
+        return h.sha256(path)
 
-    def send(step: Step, outcome: ShardOutcome) -> Future:
+    def ship(step: Step, outcome: ShardOutcome) -> Future | None:
         _transmit(ctx, step, outcome)
-        return pool.submit(remote_hash, step.item.send_name + PART)
+        part = step.item.send_name + PART
+        if streams == 1:
+            return pool.submit(remote_hash, part)  # finished by the caller after the next send
+        digest: Future = Future()
+        digest.set_result(remote_hash(part))
+        ctx.guard(step, outcome, partial(_finish, ctx, step, outcome, digest))
+        return None
 
     todo = deque(plan.sends)
     inflight: deque[tuple[Step, ShardOutcome, Future]] = deque()
@@ -178,32 +204,37 @@ def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, 
                 step = todo.popleft()
                 outcome = ShardOutcome(step.item.name, step.action)
                 result.outcomes.append(outcome)
-                bar.set_postfix_str(step.item.name[-40:], refresh=False)
-                event("shard_start", name=step.item.name, step=step)
-                inflight.append((step, outcome, senders.submit(send, step, outcome)))
+                ctx.bar.set_postfix_str(step.item.name[-40:], refresh=False)
+                ctx.event("shard_start", name=step.item.name, step=step)
+                inflight.append((step, outcome, senders.submit(ship, step, outcome)))
             step, outcome, fut = inflight.popleft()
             try:
                 digest = fut.result()
+            except DiskFullError:
+                _settle(inflight)
+                _remove_parts(remote, [s for s, _, _ in inflight])
+                raise
             except (OSError, RemoteError) as e:
                 _settle(inflight)
-                handle_failure(remote, step, outcome.resumed_from + outcome.sent, e, verified, plan, where,
+                handle_failure(remote, step, outcome.resumed_from + outcome.sent, e, ctx.verified, plan, ctx.where,
                                [s for s, _, _ in inflight])
                 raise
-            ctx.guard(step, outcome, partial(_finish, ctx, step, outcome, digest))
+            if digest is not None:
+                ctx.guard(step, outcome, partial(_finish, ctx, step, outcome, digest))
     finally:
         _settle(inflight)
         senders.shutdown(wait=True)
-        if hasher:
-            pool.submit(hasher[0].close)
         pool.shutdown(wait=True)
-        bar.close()
-        _save_state(remote, state, [s for s in verified if s.action != "skip"], fresh)
+        for h in hashers.values():
+            h.close()
 
-    if write_index(remote, index_bytes, plan, where):
-        result.index_written = True
-        event("index_written")
-    result.seconds = time.monotonic() - t0
-    return result
+
+def _remove_parts(remote: Remote, steps: list[Step]) -> None:
+    for s in steps:
+        try:
+            remote.remove(s.item.send_name + PART)
+        except (RemoteError, OSError):
+            pass
 
 
 def prune_unlisted(remote: Remote, keep: set[str]) -> list[str]:
@@ -374,7 +405,9 @@ def _settle(inflight: deque[tuple[Step, ShardOutcome, Future]]) -> None:
     for _, _, fut in inflight:
         if not fut.cancel():
             try:
-                fut.result().result()
+                digest = fut.result()
+                if digest is not None:
+                    digest.result()
             except Exception:  # noqa: S110 (the first failure is the one reported)
                 pass
 

@@ -34,6 +34,11 @@ from shardship.config import ClusterConfig
 from shardship.errors import RemoteError
 
 DEFAULT_PERSIST = "8h"  # a working day: one MFA prompt in the morning
+#: AES-GCM ahead of OpenSSH's default chacha20-poly1305 when the user set no Ciphers: with
+#: AES instructions (x86 AES-NI, ARMv8) it costs ~20% less CPU per byte on both ends
+#: (bench/upload.py measures on a 2-core loopback, where that CPU is the limit); same as
+#: the paramiko path's PREFERRED_CIPHERS.
+FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 DEFAULT_ALIVE = ("15", "3")  # ServerAliveInterval/CountMax when the config sets none (as the Fabric path)
 CONNECT_TIMEOUT = "30"
 
@@ -84,6 +89,7 @@ class Master:
     accept_new: bool = False
     own_socket: bool = True  # False: the user's ControlPath from ~/.ssh/config
     base: list[str] = field(default_factory=list)  # ssh + options shared by every call
+    login_opts: list[str] = field(default_factory=list)  # only for the master's own login
 
     @property
     def label(self) -> str:
@@ -112,7 +118,7 @@ class Master:
         Raises RemoteError with one line saying what failed and what to do."""
         Path(self.control_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         argv = [*self.base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={self.persist}",
-                "-o", "BatchMode=no", "-N", "-f", self.host]
+                "-o", "BatchMode=no", *self.login_opts, "-N", "-f", self.host]
         # stdout/stderr must not be pipes: the master keeps them after forking to the background
         with tempfile.TemporaryFile() as err:
             try:
@@ -274,4 +280,5 @@ def resolve(cluster: ClusterConfig, accept_new: bool = False) -> Master:
         base += ["-o", f"ServerAliveInterval={DEFAULT_ALIVE[0]}", "-o", f"ServerAliveCountMax={DEFAULT_ALIVE[1]}"]
     if one("connecttimeout", "none") in ("none", "0"):
         base += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
-    return Master(cluster.host, user, hostname, port, path, persist, known, accept_new, own, base)
+    login = ["-o", f"Ciphers={FAST_CIPHERS}"] if one("ciphers").startswith("chacha20-poly1305") else []
+    return Master(cluster.host, user, hostname, port, path, persist, known, accept_new, own, base, login)

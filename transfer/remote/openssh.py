@@ -31,7 +31,7 @@ from transfer.remote.base import Callback, FileStat, Process, Remote, RunResult,
 from transfer.remote.master import Master
 
 #: parallel `put`s the uploader may run over the master (each channel has its own window)
-STREAMS = 4
+STREAMS = 8
 
 _FS = r'''
 import json, os, stat, sys

@@ -42,13 +42,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from transfer.remote.openssh import STREAMS  # noqa: E402
+
 REPEATS = 5  # per method and network, interleaved; median reported, every run in seconds_all
 RELAY_DELAY_MS = 20.0  # each direction: ~40 ms round trip
 OURS_COLD, OURS_WARM, PARAMIKO = ("transfer upload (OpenSSH, cold)", "transfer upload (OpenSSH, warm master)",
                                   "transfer upload (paramiko)")
 METHODS = [OURS_COLD, "scp", "rsync", OURS_WARM, PARAMIKO]
 NOTES = {
-    OURS_COLD: "CLI: python start, login (master), plan, 4 shards in flight on channels of the master, sha256 on "
+    OURS_COLD: "CLI: python start, login (master), plan, 8 shards in flight on channels of the master, sha256 on "
                "the remote per shard, index.json",
     OURS_WARM: "same, the master opened before by `transfer connect` (every command after the day's first)",
     PARAMIKO: "CLI on the Fabric/paramiko transport (the fallback; one SFTP session)",
@@ -215,7 +217,7 @@ def _rows(net: _Network, total: int, n_files: int, common: dict) -> list[dict]:
             "ratio_vs_best_baseline": round(total / med[m] / best_rate, 2),
             "ratio_vs_best_baseline_per_run": " ".join(f"{r:.2f}" for r in per_run),
             "client_cpu_s": round(statistics.median(r[1] for r in net.runs[m]), 3),
-            "verified": ("yes" if net.ok[m] else "COPY MISMATCH"), "streams": 4 if "OpenSSH" in m else 1,
+            "verified": ("yes" if net.ok[m] else "COPY MISMATCH"), "streams": STREAMS if "OpenSSH" in m else 1,
             "load_avg": f"{min(loads):.2f}-{max(loads):.2f}", "note": NOTES[m], "command": COMMAND,
         })
     return rows

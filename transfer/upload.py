@@ -179,8 +179,11 @@ def _send_all(ctx: _Ctx, result: UploadResult, streams: int) -> None:
     senders: Any = _Inline() if streams == 1 else ThreadPoolExecutor(streams, thread_name_prefix="send")
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
     hashers: dict[int, RemoteHasher] = {}  # one per thread: each is used by its thread only
+    here = getattr(remote, "sha256_here", None)  # OpenSSH: on the thread's own receiver channel
 
     def remote_hash(path: str) -> tuple[str, int | None]:
+        if here is not None:
+            return here(path)
         h = hashers.get(threading.get_ident())
         if h is None:
             h = hashers[threading.get_ident()] = RemoteHasher(remote)

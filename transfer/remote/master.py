@@ -40,7 +40,7 @@ DEFAULT_PERSIST = "8h"  # a working day: one MFA prompt in the morning
 #: the paramiko path's PREFERRED_CIPHERS.
 FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 DEFAULT_ALIVE = ("15", "3")  # ServerAliveInterval/CountMax when the config sets none (as the Fabric path)
-CONNECT_TIMEOUT = "30"
+CONNECT_TIMEOUT = 15  # seconds for TCP connect + SSH banner unless ~/.ssh/config sets ConnectTimeout (as Fabric)
 
 
 class UnknownHostKey(RemoteError):
@@ -90,6 +90,10 @@ class Master:
     own_socket: bool = True  # False: the user's ControlPath from ~/.ssh/config
     base: list[str] = field(default_factory=list)  # ssh + options shared by every call
     login_opts: list[str] = field(default_factory=list)  # only for the master's own login
+    log: str = ""  # the master's own log (ssh -E): why it went away, e.g. unanswered keepalives
+    alive_interval: float = float(DEFAULT_ALIVE[0])  # ServerAliveInterval the master uses
+    alive_count: int = int(DEFAULT_ALIVE[1])
+    connect_timeout: float = CONNECT_TIMEOUT
 
     @property
     def label(self) -> str:
@@ -102,7 +106,10 @@ class Master:
 
     def argv(self, command: str | None = None, *opts: str) -> list[str]:
         """ssh over the master as a client: no login of its own, never a prompt."""
-        out = [*self.base, "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-T", *opts, self.host]
+        # ProxyCommand=false: with the master gone, ssh would silently log in on its own
+        # (a new MFA prompt, or a failure, per command); this makes it fail instead
+        out = [*self.base, "-o", "ControlMaster=no", "-o", "BatchMode=yes", "-o", "ProxyCommand=false", "-T",
+               *opts, self.host]
         return out + (["--", command] if command is not None else [])
 
     def control(self, op: str) -> subprocess.CompletedProcess:
@@ -117,8 +124,10 @@ class Master:
         """Log in once (prompts on the terminal) and leave the master running for `persist`.
         Raises RemoteError with one line saying what failed and what to do."""
         Path(self.control_path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        Path(self.log).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        Path(self.log).write_bytes(b"")
         argv = [*self.base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={self.persist}",
-                "-o", "BatchMode=no", *self.login_opts, "-N", "-f", self.host]
+                "-o", "BatchMode=no", *self.login_opts, "-E", self.log, "-N", "-f", self.host]
         # stdout/stderr must not be pipes: the master keeps them after forking to the background
         with tempfile.TemporaryFile() as err:
             try:
@@ -127,7 +136,7 @@ class Master:
             except subprocess.TimeoutExpired:
                 raise RemoteError(f"{self.where}: login did not finish within 10 minutes; rerun") from None
             err.seek(0)
-            text = err.read().decode("utf-8", "replace")
+            text = err.read().decode("utf-8", "replace") + "\n" + self._log_text()
         if rc != 0:
             raise self.error(text)
         added = re.search(r"Permanently added '([^']+)' \(([^)]+)\)", text)
@@ -135,6 +144,22 @@ class Master:
             print(f"{self.label}: accepted new host key for {added.group(1)}: {added.group(2)} "
                   f"{self._fingerprint() or ''} (saved to {self.known_hosts[0]})",
                   file=_stderr())
+
+    def _log_text(self) -> str:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stalled(self) -> str | None:
+        """The one-line error when the master ended because keepalives went unanswered."""
+        if "not responding" not in self._log_text():
+            return None
+        i, c = self.alive_interval, self.alive_count
+        return (f"connection to {self.label} stalled (no answer to keepalives for {i * c:g} s: "
+                f"ServerAliveInterval {i:g} x ServerAliveCountMax {c}); rerun to resume")
 
     def ensure(self) -> bool:
         """A live master: reuse one (True), or start it now (False: this call logged in)."""
@@ -192,8 +217,8 @@ class Master:
             return (f"{self.where}: cannot resolve host name; check host in shardship.toml or the Host alias in "
                     f"~/.ssh/config")
         if "banner exchange" in stderr or "kex_exchange_identification" in stderr:
-            return (f"{self.where}: no SSH banner (not an SSH server, or an overloaded one): {tail}; check the "
-                    f"host and port, or raise ConnectTimeout in ~/.ssh/config")
+            return (f"{self.where}: no SSH banner within {self.connect_timeout:g} s (not an SSH server, or an "
+                    f"overloaded one); check the host and port, or raise ConnectTimeout in ~/.ssh/config")
         if "connect to host" in stderr:
             return f"{self.where}: cannot connect ({tail}); check the host, port and your network/VPN"
         return f"{self.where}: SSH connection failed: {tail}"
@@ -225,7 +250,8 @@ def _stderr():  # noqa: ANN202 (a text stream)
 
 def _effective(cluster: ClusterConfig, extra: list[str]) -> dict[str, list[str]]:
     """`ssh -G`: the client configuration OpenSSH will use for this host (no network)."""
-    argv = ["ssh", *extra, "-G", cluster.host]
+    argv = ["ssh", *extra, "-o", "BatchMode=no", "-G", cluster.host]  # as the master runs (BatchMode
+    # yes would also set ServerAliveInterval 300 in what -G prints)
     try:
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     except OSError as e:
@@ -276,9 +302,15 @@ def resolve(cluster: ClusterConfig, accept_new: bool = False) -> Master:
     known = _known_hosts(cfg.get("userknownhostsfile", []))
     base = ["ssh", *extra, "-o", f"ControlPath={path}", "-o", f"UserKnownHostsFile={' '.join(known)}",
             "-o", f"StrictHostKeyChecking={'accept-new' if accept_new else 'yes'}"]
-    if one("serveraliveinterval", "0") == "0":
+    interval, count = float(one("serveraliveinterval", "0") or 0), int(one("serveralivecountmax", "3") or 3)
+    if interval == 0:
+        interval, count = float(DEFAULT_ALIVE[0]), int(DEFAULT_ALIVE[1])
         base += ["-o", f"ServerAliveInterval={DEFAULT_ALIVE[0]}", "-o", f"ServerAliveCountMax={DEFAULT_ALIVE[1]}"]
-    if one("connecttimeout", "none") in ("none", "0"):
-        base += ["-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+    timeout = one("connecttimeout", "none")
+    if not timeout.isdigit() or timeout == "0":
+        timeout = str(CONNECT_TIMEOUT)
+        base += ["-o", f"ConnectTimeout={timeout}"]
     login = ["-o", f"Ciphers={FAST_CIPHERS}"] if one("ciphers").startswith("chacha20-poly1305") else []
-    return Master(cluster.host, user, hostname, port, path, persist, known, accept_new, own, base, login)
+    log = str(_config_dir() / f"master-{hashlib.sha256(path.encode()).hexdigest()[:16]}.log")
+    return Master(cluster.host, user, hostname, port, path, persist, known, accept_new, own, base, login, log,
+                  interval, count, float(timeout))

@@ -4,10 +4,11 @@ Why beside the Fabric backend: paramiko cannot use an OpenSSH ControlMaster, so
 with it every command is a new login (a Duo prompt each); and its per-packet
 Python cost kept uploads under scp's speed. Here the login happens once per
 cluster per day (transfer.remote.master) and the bytes never pass through
-Python: `put` hands the open local file to `ssh` as its stdin, the mux client
-passes that descriptor to the master, and the master reads it directly; the
-progress is read back from the shared file offset. Several `put`s may run at
-once, each on its own channel with its own window (`streams`).
+Python: each sender thread keeps one channel to a small receiver on the remote
+(transfer.remote.programs), the kernel copies each file into that channel's pipe
+(sendfile) and the master reads the pipe; the receiver writes the file and, on
+the same channel, hashes it as it is on disk. Several senders run at once, each
+channel with its own window (`streams`), which is what a long link needs.
 
 Metadata (stat, listdir, rename, remove, mkdir) goes to one small python
 service on the remote (one process, one channel, one round trip per call); the
@@ -27,68 +28,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, BinaryIO
 
 from shardship.errors import RemoteError
-from transfer.remote.base import Callback, FileStat, Process, Remote, RunResult, _decode, shell_line
+from transfer.remote.base import CHUNK, Callback, FileStat, Process, Remote, RunResult, _decode, shell_line
 from transfer.remote.master import Master
+from transfer.remote.programs import BOOT_BINARY, BOOT_TEXT, FS_SERVICE, RECEIVER
 
-#: parallel `put`s the uploader may run over the master (each channel has its own window)
-STREAMS = 8
+#: parallel `put`s the uploader may run over the master (each channel has its own window).
+#: Each sender holds one channel (its receiver), plus one for metadata: 7 of the 10
+#: sessions per connection sshd allows by default (MaxSessions), leaving room for the
+#: odd command (unpack, quota) and for the user's own sessions on a shared ControlPath.
+STREAMS = 6
 
-_FS = r'''
-import json, os, stat, sys
-def st(s):
-    return [s.st_size, s.st_mtime, stat.S_ISDIR(s.st_mode)]
-def do(r):
-    op, p = r["op"], r.get("p")
-    if op == "stat":
-        try:
-            return st(os.stat(p))
-        except (IOError, OSError) as e:
-            if e.errno in (2, 20):
-                return None
-            raise
-    if op == "list":
-        out = {}
-        try:
-            names = os.listdir(p)
-        except (IOError, OSError) as e:
-            if e.errno in (2, 20):
-                return out
-            raise
-        for n in names:
-            try:
-                out[n] = st(os.stat(os.path.join(p, n)))
-            except (IOError, OSError):
-                pass
-        return out
-    if op == "rename":
-        os.rename(p, r["d"])
-    elif op == "remove":
-        try:
-            os.unlink(p)
-        except (IOError, OSError) as e:
-            if e.errno != 2 or not r["ok"]:
-                raise
-    elif op == "mkdir":
-        if r["parents"]:
-            try:
-                os.makedirs(p)
-            except (IOError, OSError):
-                if not os.path.isdir(p):
-                    raise
-        elif not os.path.isdir(p):
-            os.mkdir(p)
-    elif op == "home":
-        return os.path.expanduser("~")
-    return True
-for line in iter(sys.stdin.readline, ""):
-    try:
-        out = {"r": do(json.loads(line))}
-    except (IOError, OSError) as e:
-        out = {"e": e.strerror or str(e), "n": e.errno or 0}
-    sys.stdout.write(json.dumps(out) + "\n")
-    sys.stdout.flush()
-'''
-_BOOT = "import sys, json; exec(json.loads(sys.stdin.readline()))"
 _WRITE = 'cat > "$1"'
 _APPEND = 'truncate -s "$2" -- "$1" && cat >> "$1"'
 _READ = 'exec tail -c +"$2" -- "$1"'
@@ -106,6 +55,7 @@ class OpenSSHRemote(Remote):
         self.user = master.user
         self._lock = threading.Lock()
         self._fs: subprocess.Popen | None = None
+        self._idle: list[subprocess.Popen] = []  # receiver channels not in use
         self.home = str(self._call("home"))
         self.root = os.path.normpath(os.path.join(self.home, remote_dir))
 
@@ -123,6 +73,9 @@ class OpenSSHRemote(Remote):
         return subprocess.Popen(self.master.argv(line), stdin=stdin, stdout=stdout, stderr=stderr)
 
     def _lost(self, what: str, detail: str = "") -> RemoteError:
+        stalled = self.master.stalled()
+        if stalled:
+            return RemoteError(stalled)
         tail = f" ({detail.strip().splitlines()[-1][:200]})" if detail.strip() else ""
         return RemoteError(f"{self.label}: connection lost during {what}{tail}; rerun to resume")
 
@@ -148,8 +101,8 @@ class OpenSSHRemote(Remote):
         req = (json.dumps({"op": op, "p": path, **kw}) + "\n").encode()
         with self._lock:
             if self._fs is None or self._fs.poll() is not None:
-                self._fs = self._popen(["python3", "-u", "-c", _BOOT], stderr=subprocess.DEVNULL)
-                req = (json.dumps(_FS) + "\n").encode() + req
+                self._fs = self._popen(["python3", "-u", "-c", BOOT_TEXT], stderr=subprocess.DEVNULL)
+                req = (json.dumps(FS_SERVICE) + "\n").encode() + req
             fs = self._fs
             try:
                 fs.stdin.write(req)  # type: ignore[union-attr]
@@ -203,38 +156,84 @@ class OpenSSHRemote(Remote):
         code = errno.ENOSPC if "No space left" in last else (errno.EDQUOT if "quota" in last.lower() else 0)
         raise OSError(code, f"{self.label}: write {full}: {last[:200]}")
 
+    @contextlib.contextmanager
+    def _receiver(self) -> Iterator[subprocess.Popen]:
+        """An idle receiver channel (programs.RECEIVER), or a new one: each sender thread
+        holds one while it sends or hashes, so a shard costs no process start and no
+        channel open on either side, and there are never more than `streams` of them."""
+        rx = None
+        with self._lock:
+            while self._idle and rx is None:
+                rx = self._idle.pop()
+                if rx.poll() is not None:
+                    rx = None
+        if rx is None:
+            rx = self._popen(["python3", "-u", "-c", BOOT_BINARY], stderr=subprocess.DEVNULL)
+            rx.stdin.write((json.dumps(RECEIVER) + "\n").encode())  # type: ignore[union-attr]
+        done = False
+        try:
+            yield rx
+            done = True
+        finally:
+            if done and rx.poll() is None:
+                with self._lock:
+                    self._idle.append(rx)
+            else:  # out of step or gone: never reused
+                with contextlib.suppress(OSError):
+                    rx.kill()
+                rx.wait()
+
+    def _ask(self, rx: subprocess.Popen, what: str) -> dict:
+        line = rx.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            code = rx.wait()
+            if code == 127:
+                raise RemoteError(f"{self.label}: {self.python} not found on the remote: set python = \"...\" "
+                                  f"in [cluster.NAME] or transport = \"paramiko\"")
+            raise self._lost(what)
+        return json.loads(line)
+
     def put(self, local: str | os.PathLike, path: str, offset: int = 0, callback: Callback | None = None,
             throttle: Callable[[int], None] | None = None) -> int:
-        """The local file itself becomes ssh's stdin: no byte is copied by Python. Progress
-        comes from the file offset that the master's reads advance (shared description)."""
-        if throttle is not None:  # --bwlimit needs the blocks to pass through here
-            return super().put(local, path, offset, callback, throttle)
+        """Bytes [offset, end) of `local` into remote `path` over this thread's receiver:
+        the kernel copies the file into the pipe (sendfile), the master reads the pipe."""
         full = self.path(path)
-        with open(local, "rb") as src:
+        with self._receiver() as rx, open(local, "rb") as src:
             end = os.fstat(src.fileno()).st_size
-            src.seek(offset)
-            p = self._writer(full, offset, src)
-            done = threading.Event()
-            seen = [offset]
-
-            def report() -> None:
-                while not done.wait(0.2):
-                    pos = os.lseek(src.fileno(), 0, os.SEEK_CUR)
-                    if callback and pos > seen[0]:
-                        callback(pos - seen[0])
-                        seen[0] = pos
-
-            t = threading.Thread(target=report, daemon=True)
-            t.start()
+            n = max(end - offset, 0)
             try:
-                _, err = p.communicate()
-            finally:
-                done.set()
-                t.join()
-            self._check_write(p, err, full)
-            if callback and end > seen[0]:
-                callback(end - seen[0])
-        return end - offset
+                rx.stdin.write((json.dumps({"p": full, "o": offset, "n": n}) + "\n").encode())  # type: ignore
+                rx.stdin.flush()  # type: ignore[union-attr]
+                pos = offset
+                while pos < end:
+                    k = min(CHUNK, end - pos)
+                    if throttle:
+                        throttle(k)
+                    k = _copy(src.fileno(), rx.stdin.fileno(), pos, k)  # type: ignore[union-attr]
+                    pos += k
+                    if callback:
+                        callback(k)
+            except BrokenPipeError:  # the channel or the master went away: _ask says which
+                pass
+            ans = self._ask(rx, f"write {full}")
+        if "e" in ans:
+            raise OSError(ans.get("n") or 0, f"{self.label}: write {full}: {ans['e']}")
+        return n
+
+    def sha256_here(self, path: str) -> tuple[str, int]:
+        """(sha256, size) of a remote file as it is on disk, hashed by this thread's
+        receiver: no channel of its own (sshd allows 10 sessions per connection)."""
+        full = self.path(path)
+        with self._receiver() as rx:
+            try:
+                rx.stdin.write((json.dumps({"h": full}) + "\n").encode())  # type: ignore[union-attr]
+                rx.stdin.flush()  # type: ignore[union-attr]
+            except BrokenPipeError:
+                pass
+            ans = self._ask(rx, f"sha256 {full}")
+        if "e" in ans:
+            raise RemoteError(f"{self.label}: cannot hash {full}: {ans['e']}")
+        return str(ans["h"]), int(ans["s"])
 
     @contextlib.contextmanager
     def open_write(self, path: str, offset: int = 0) -> Iterator[BinaryIO]:
@@ -275,15 +274,38 @@ class OpenSSHRemote(Remote):
     # -- lifetime: the master stays (ControlPersist); `transfer disconnect` ends it ----
     def close(self) -> None:
         with self._lock:
-            fs, self._fs = self._fs, None
-        if fs is not None:
+            procs = [p for p in (self._fs, *self._idle) if p is not None]
+            self._fs, self._idle = None, []
+        for p in procs:
             with contextlib.suppress(OSError):
-                fs.stdin.close()  # type: ignore[union-attr]
+                p.stdin.close()  # type: ignore[union-attr]
+        for p in procs:
             try:
-                fs.wait(timeout=10)
+                p.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                fs.kill()
-                fs.wait()
+                p.kill()
+                p.wait()
+
+
+def _copy(src: int, dst: int, pos: int, count: int) -> int:
+    """Up to `count` bytes of file `src` at `pos` into pipe `dst`: sendfile where the
+    kernel can (Linux), else a read and a write."""
+    try:
+        return os.sendfile(dst, src, pos, count) or _short(pos)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP):
+            raise
+    data = os.pread(src, count, pos)
+    if not data:
+        _short(pos)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(dst, view):]
+    return len(data)
+
+
+def _short(pos: int) -> int:
+    raise OSError(errno.EIO, f"the local file ended at byte {pos} while being sent (changed during the upload?)")
 
 
 class _Stream:

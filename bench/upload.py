@@ -50,7 +50,7 @@ OURS_COLD, OURS_WARM, PARAMIKO = ("transfer upload (OpenSSH, cold)", "transfer u
                                   "transfer upload (paramiko)")
 METHODS = [OURS_COLD, "scp", "rsync", OURS_WARM, PARAMIKO]
 NOTES = {
-    OURS_COLD: "CLI: python start, login (master), plan, 8 shards in flight on channels of the master, sha256 on "
+    OURS_COLD: "CLI: python start, login (master), plan, 6 shards in flight on channels of the master, sha256 on "
                "the remote per shard, index.json",
     OURS_WARM: "same, the master opened before by `transfer connect` (every command after the day's first)",
     PARAMIKO: "CLI on the Fabric/paramiko transport (the fallback; one SFTP session)",

@@ -131,7 +131,8 @@ def _pack_options(cfg: Config, **flags) -> PackOptions:
                    "auto = only if a probe saves >10% [none].")
 @click.option("--slam/--no-slam", default=True, show_default=True,
               help="Run `packer slam` first for sessions without metric poses (cached).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True,
+              help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @click.option("--timings", is_flag=True, help="Also print where the CPU time went (main process per phase, workers).")
 @CONFIG_OPT
 @friendly_errors

@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from packer.actions import OBS_STATS_STEPS, POSE_DIMS, RunningStats
 from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
@@ -36,6 +34,7 @@ from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.format import index as manifest
 from shardship.format.shards import ShardWriter
 from shardship.pil import describe as pil_describe
+from shardship.progress import bar as progress_bar
 
 
 @dataclass
@@ -359,8 +358,7 @@ def _encode_all(todo: list[Pending], frames: FramePool, pub: Publisher, opts: Pa
     for p in todo:
         if not frames.fed(p.session.name, p.paths):
             frames.feed(p.session.name, p.paths)
-    with tqdm(total=sum(len(p.keep) for p in todo), unit="img", desc="pack", disable=not progress,
-              dynamic_ncols=True) as bar:
+    with progress_bar(sum(len(p.keep) for p in todo), "pack", "img", None if progress else False) as bar:
         for p in todo:
             _encode_session(p, frames.results(p.session.name), pub, opts, report, bar)
 

@@ -60,6 +60,9 @@ class ClusterConfig:
     project: str | None = None
     setup: list[str] = field(default_factory=list)
     python: str = "python3"
+    # "auto": the OpenSSH client (one ControlMaster login a day) when `ssh` is installed,
+    # else Fabric/paramiko; "openssh" or "paramiko" to choose
+    transport: str = "auto"
 
     @property
     def is_local(self) -> bool:

@@ -84,6 +84,7 @@ class SSHD:
     alias: str = ALIAS
     jump_alias: str = JUMP_ALIAS
     workdir: Path = field(default=Path("/"))
+    transport: str = "auto"  # [cluster] transport for cluster() / toml(): tests run both
 
     def env(self) -> dict[str, str]:
         """Environment for a client subprocess (Fabric reads ~/.ssh through $HOME)."""
@@ -95,14 +96,44 @@ class SSHD:
         """A ClusterConfig for this server (via the ~/.ssh/config alias by default)."""
         from shardship.config import ClusterConfig
 
+        kw.setdefault("transport", self.transport)
         return ClusterConfig(name="test", host=host or self.alias, remote_dir=remote_dir, quota="auto", **kw)
 
     def toml(self, remote_dir: str = "shardship", name: str = "test", extra: str = "") -> str:
         """A shardship.toml [cluster.NAME] section for this server."""
         return (
             f"[cluster.{name}]\nhost = \"{self.alias}\"\nremote_dir = \"{remote_dir}\"\n"
-            f"quota = \"auto\"\n{extra}"
+            f"quota = \"auto\"\ntransport = \"{self.transport}\"\n{extra}"
         )
+
+    def disconnect(self) -> None:
+        """Close the OpenSSH masters the client side may have left (ControlPersist), so that
+        each test starts without a logged-in connection. Only ever `ssh -O exit`."""
+        from transfer.connection import master_for
+
+        old = os.environ.get("HOME")
+        os.environ["HOME"] = str(self.client_home)
+        try:
+            for host in (self.alias, self.jump_alias):
+                with contextlib.suppress(Exception):
+                    master_for(self.cluster(host=host)).stop()
+        finally:
+            if old is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = old
+
+    def askpass_env(self, answer: str, asked: Path) -> dict[str, str]:
+        """Environment that makes OpenSSH answer its login prompts without a terminal
+        (tests only): SSH_ASKPASS is a script that appends each prompt to `asked` and
+        prints the answer from the environment (never written to a file)."""
+        script = self.workdir / "askpass.sh"
+        if not script.exists():
+            script.write_text('#!/bin/sh\nprintf \'%s\\n\' "$1" >> "$SHARDSHIP_TEST_ASKED"\n'
+                              'printf \'%s\\n\' "$SHARDSHIP_TEST_ANSWER"\n')
+            script.chmod(0o700)
+        return {"SSH_ASKPASS": str(script), "SSH_ASKPASS_REQUIRE": "force", "SHARDSHIP_TEST_ASKED": str(asked),
+                "SHARDSHIP_TEST_ANSWER": answer}
 
     def wipe_home(self) -> None:
         """Empty the remote home (as root) so each test starts from a clean quota."""
@@ -288,6 +319,7 @@ def sshd() -> Iterator[SSHD]:
         pytest.skip(reason)
     with start_sshd() as server:
         yield server
+        server.disconnect()
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""transfer against a real OpenSSH sshd on 127.0.0.1 (tests/sshd.py).
+"""transfer against a real OpenSSH sshd on 127.0.0.1 (tests/sshd.py), on both transports.
 
 The remote user is non-root and its home is a 64 MiB tmpfs: over-quota and
-disk-full are the kernel's, host keys and quoting are OpenSSH's. Skipped
-with the reason when not root or sshd is missing.
+disk-full are the kernel's, host keys and quoting are OpenSSH's. Every test
+runs twice: over the OpenSSH client's ControlMaster and over Fabric/paramiko
+(the `transport` fixture). Skipped with the reason when not root or sshd is
+missing. The MFA (keyboard-interactive) tests are in test_transfer_mfa.py.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,20 @@ from transfer.upload import DiskFullError, UnsafeShardError, upload
 pytestmark = pytest.mark.sshd
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024**2
+
+
+@pytest.fixture(params=["openssh", "paramiko"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def sshd_home(sshd_home: SSHD, transport: str) -> Iterator[SSHD]:
+    """The conftest fixture, on one transport; no master connection left afterwards."""
+    sshd_home.transport = transport
+    yield sshd_home
+    sshd_home.disconnect()
+    sshd_home.transport = "auto"
 
 
 def sha(p: Path) -> str:
@@ -81,7 +98,8 @@ def test_cli_upload_uses_one_connection_and_one_sftp_session(sshd_home: SSHD, tm
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr.decode()
     assert b"3 shards sent and verified" in stdout
-    assert sessions_in_log(s) == (logins + 1, sftps + 1)
+    # OpenSSH sends the bytes on channels of its one master, without the SFTP subsystem
+    assert sessions_in_log(s) == (logins + 1, sftps + (s.transport == "paramiko"))
     assert_mirrored(index, s.home / "shardship", out, s.uid)
 
 
@@ -189,9 +207,9 @@ def test_disk_full_midway_keeps_verified_shards(sshd_home: SSHD, tmp_path: Path)
             free = os.statvfs(s.home).f_bavail * os.statvfs(s.home).f_frsize
             s.fill(free - 3 * MiB)  # e.g. a job writing checkpoints meanwhile
 
-    with connect(s.cluster()) as remote:
+    with connect(s.cluster()) as remote:  # one stream: which shard meets the full disk is then known
         with pytest.raises(DiskFullError) as e:
-            upload(remote, out, progress=False, margin=0, on_event=another_writer_fills_the_disk)
+            upload(remote, out, progress=False, margin=0, on_event=another_writer_fills_the_disk, streams=1)
     msg = str(e.value)
     assert e.value.code == 1
     # the shard being sent when the disk filled up (shards are hashed one behind the sends)
@@ -209,6 +227,34 @@ def test_disk_full_midway_keeps_verified_shards(sshd_home: SSHD, tmp_path: Path)
         res = upload(remote, out, progress=False, margin=0)
     assert [o.name for o in res.outcomes] == names[k:]
     assert res.bytes_sent == sum(x["bytes"] for x in index["shards"][k:])
+    assert_mirrored(index, d, out, s.uid)
+
+
+def test_disk_full_with_shards_in_flight_leaves_no_part(sshd_home: SSHD, tmp_path: Path) -> None:
+    """Several shards being written at once (OpenSSH: one channel each) when the disk fills:
+    every partial file goes, the verified ones stay, index.json is untouched; a rerun finishes."""
+    s = sshd_home
+    out = tmp_path / "packed"
+    index = make_packed(out, {f"s-000000-000{i}.tar": 60 for i in range(4)}, frame_bytes=100_000)
+
+    def fill_after_the_plan(kind: str, **kw) -> None:
+        if kind == "plan":
+            st = os.statvfs(s.home)
+            s.fill(st.f_bavail * st.f_frsize - 10 * MiB)
+
+    with connect(s.cluster()) as remote:
+        with pytest.raises(DiskFullError) as e:
+            upload(remote, out, progress=False, margin=0, on_event=fill_after_the_plan, log=lambda m: None)
+    assert e.value.code == 1 and "index.json not updated" in str(e.value)
+    d = s.home / "shardship"
+    left = sorted(p.name for p in d.iterdir())
+    assert not [n for n in left if n.endswith((".part", ".tmp"))] and "index.json" not in left
+    for x in index["shards"]:
+        if x["name"] in left:
+            assert sha(d / x["name"]) == x["sha256"]
+    (s.home / ".filler").unlink()
+    with connect(s.cluster()) as remote:
+        upload(remote, out, progress=False, margin=0)
     assert_mirrored(index, d, out, s.uid)
 
 
@@ -309,8 +355,9 @@ def test_proxyjump_alias_goes_through_the_jump_host(sshd_home: SSHD, tmp_path: P
     s = sshd_home
     logins, _ = sessions_in_log(s)
     with connect(s.cluster(host=s.jump_alias)) as remote:
-        gw = remote.conn.gateway
-        assert gw is not None and gw.is_connected  # the hop is a real SSH connection
+        if s.transport == "paramiko":
+            gw = remote.conn.gateway
+            assert gw is not None and gw.is_connected  # the hop is a real SSH connection
         assert remote.run(["whoami"]).stdout.strip() == s.user
     assert sessions_in_log(s)[0] == logins + 2  # jump host + target
 
@@ -340,96 +387,6 @@ def test_pull_back_with_resume(sshd_home: SSHD, tmp_path: Path) -> None:
     assert got[0].resumed_from == 200_000 and not got[0].retried
     assert sha(dest / name) == index["shards"][0]["sha256"]
     assert (dest / "index.json").read_bytes() == (out / "index.json").read_bytes()
-
-
-# ---------------------------------------------------------------------------
-# MFA: keyboard-interactive prompts (PAM asks, as Duo does after the key)
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def mfa_sshd():
-    """A second sshd that wants the key AND a keyboard-interactive answer (PAM password)."""
-    import secrets
-
-    from tests.sshd import skip_reason, start_sshd
-
-    if skip_reason():
-        pytest.skip(skip_reason())
-    secret = secrets.token_urlsafe(16)
-    with start_sshd(overrides={"UsePAM": "yes", "KbdInteractiveAuthentication": "yes",
-                               "AuthenticationMethods": "publickey,keyboard-interactive"}, password=secret) as s:
-        yield s, secret
-
-
-def test_keyboard_interactive_prompt_answered(mfa_sshd, monkeypatch: pytest.MonkeyPatch) -> None:
-    s, secret = mfa_sshd
-    monkeypatch.setenv("HOME", str(s.client_home))
-    asked: list[tuple[str, bool]] = []
-
-    def prompter(text: str, echo: bool) -> str:
-        asked.append((text, echo))
-        return secret
-
-    with connect(s.cluster(), prompter=prompter) as remote:
-        assert remote.run(["whoami"]).stdout.strip() == s.user
-    assert asked == [("Password: ", False)]  # the server's own prompt, input hidden
-    assert "Accepted keyboard-interactive/pam" in s.log.read_text()
-
-
-def test_keyboard_interactive_wrong_answer_is_a_clean_error(mfa_sshd, monkeypatch: pytest.MonkeyPatch) -> None:
-    s, secret = mfa_sshd
-    monkeypatch.setenv("HOME", str(s.client_home))
-    with pytest.raises(RemoteError) as e:
-        connect(s.cluster(), prompter=lambda text, echo: "wrong-" + secret)
-    assert e.value.code == 4 and "authentication failed" in str(e.value)
-    assert secret not in str(e.value)
-
-
-def test_mfa_prompt_passes_through_the_terminal(mfa_sshd, tmp_path: Path) -> None:
-    """The CLI in a pseudo-terminal: the server's prompt appears there, the answer typed
-    there logs in, and the answer is not echoed."""
-    import pty
-    import select
-
-    s, secret = mfa_sshd
-    cfg = write_config(tmp_path, s)
-    pid, fd = pty.fork()
-    if pid == 0:  # child: its controlling terminal is the pty
-        os.chdir(ROOT)
-        os.execve(sys.executable, [sys.executable, "-m", "transfer", "quota", "--config", str(cfg)], s.env())
-    seen = b""
-    answered = False
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([fd], [], [], 0.5)
-        if not r:
-            continue
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-        if not answered and b"Password: " in seen:
-            os.write(fd, secret.encode() + b"\n")
-            answered = True
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    text = seen.decode(errors="replace")
-    assert answered, text
-    assert os.WEXITSTATUS(status) == 0, text
-    assert "64.0 MB" in text and secret not in text
-
-
-def test_mfa_without_a_terminal_says_so(mfa_sshd, tmp_path: Path) -> None:
-    s, _ = mfa_sshd
-    cfg = write_config(tmp_path, s)
-    p = cli(["quota", "--config", str(cfg)], s, stdin=subprocess.DEVNULL, start_new_session=True)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 4, err.decode()
-    assert b"no terminal" in err and b"Traceback" not in err and b"Unknown exception" not in err
 
 
 def test_dropped_connection_mid_shard_then_rerun_resumes(sshd_home: SSHD, tmp_path: Path) -> None:

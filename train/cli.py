@@ -64,9 +64,11 @@ def main() -> None:
               help="minmax (default): actions to [-1, 1], proprio z-scored; zscore: both z-scored.")
 @click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")
+@click.option("--quiet", is_flag=True,
+              help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @_errors
 def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps: int | None, resume: bool,
-        preset: str | None, backbone_weights: str | None, **overrides: Any) -> None:
+        preset: str | None, backbone_weights: str | None, quiet: bool, **overrides: Any) -> None:
     """Train the diffusion policy on the packed shards (resumes automatically)."""
     from shardship.config import load_config
     from train.config import TrainConfig
@@ -82,7 +84,7 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
     data = data or cfg.packed
     out = out or cfg.outputs
     try:
-        res = train(data, out, tc, max_steps=max_steps, resume=resume)
+        res = train(data, out, tc, max_steps=max_steps, resume=resume, progress=not quiet)
     except KeyboardInterrupt:  # a second ctrl-C, or one before training started
         click.echo(f"\n{_interrupted(out)}", err=True)
         sys.exit(130)
@@ -122,10 +124,11 @@ def _interrupted(out: Path) -> str:
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="auto: cuda, then mps (a Mac), then cpu.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress output.")
 @_errors
 def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, checkpoint: str | None,
              max_samples: int, sampler: str | None, ddim_steps: int | None, batch_size: int, num_workers: int,
-             device: str, seed: int) -> None:
+             device: str, seed: int, quiet: bool) -> None:
     """Position (cm), rotation (deg) and joint (deg) error of the EMA policy on the validation sessions."""
     from shardship.config import load_config
     from train.evaluate import evaluate, summary_lines
@@ -133,7 +136,7 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
     cfg = load_config(config_path)
     res = evaluate(data or cfg.packed, out or cfg.outputs, checkpoint=checkpoint, max_samples=max_samples,
                    ddim_steps=ddim_steps, batch_size=batch_size, num_workers=num_workers, device=device, seed=seed,
-                   sampler=sampler)
+                   sampler=sampler, progress=not quiet)
     for line in summary_lines(res):
         click.echo(line)
 

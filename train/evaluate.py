@@ -177,12 +177,12 @@ def checkpoint_frames(ck: dict[str, Any], index: Any) -> int | None:
 def _sample_chunks(model: DiffusionPolicy, ds: ShardDataset, want: int, num_workers: int, dev: torch.device,
                    seed: int, steps: int | None, sampler: str, progress: bool) -> tuple[np.ndarray, ...]:
     """(pred, true, mask, joints_valid, session) of the first `want` validation samples."""
-    from tqdm import tqdm
+    from shardship.progress import bar as progress_bar
 
     gen = torch.Generator(device=dev).manual_seed(seed)
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", "true", "mask", "jv", "sess")}
     n = 0
-    bar = tqdm(total=want, desc="eval", unit="sample", disable=not progress, leave=False)
+    bar = progress_bar(want, "eval", "sample", None if progress else False, leave=False)
     it = iter(make_loader(ds, num_workers, dev.type == "cuda", seed=seed))
     while n < want:
         try:

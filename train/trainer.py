@@ -28,12 +28,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from shardship.atomic import remove_stale_temps
 from shardship.errors import ShardshipError
+from shardship.progress import bar as progress_bar
 from train import ddp
 from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
@@ -126,8 +128,9 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
         if warn:
             tqdm.write(warn, file=sys.stderr)
             run.log({"step": run.step, "warning": warn})
-    bar = tqdm(total=end, initial=run.step, desc="train", unit="step", disable=not (progress and d.is_main),
-               dynamic_ncols=True, mininterval=1.0)
+    # a bar on a terminal; in a job log one plain line per 10% or per minute (shardship.progress)
+    bar = progress_bar(end, "train", "step", None if (progress and d.is_main) else False, initial=run.step,
+                       mininterval=1.0)
     try:
         stopped, last_saved = _loop(run, end, stop, bar)
         _finish(run, stopped, end, last_saved)
@@ -151,7 +154,7 @@ class _Window:
         self.steps, self.wait, self.t0 = 0, 0.0, time.perf_counter()
 
 
-def _loop(run: RunState, end: int, stop: StopFlag, bar: tqdm) -> tuple[str | None, int]:
+def _loop(run: RunState, end: int, stop: StopFlag, bar: Any) -> tuple[str | None, int]:
     """Epochs of steps until step `end` or a stop every rank agreed on.
     Returns (why it stopped early, or None; the last step checkpointed)."""
     cfg = run.cfg
@@ -214,7 +217,7 @@ def _train_step(run: RunState, batch: dict[str, torch.Tensor], win: _Window) -> 
 
 
 def _close_window(run: RunState, win: _Window, lr_used: float, gnorm: torch.Tensor, stop: StopFlag,
-                  bar: tqdm) -> str | None:
+                  bar: Any) -> str | None:
     """All-reduce the window's loss with the stop flag, log it, reset the window.
     Returns why every rank stops now (the same answer on all of them), or None."""
     over = run.time_limit is not None and time.monotonic() - run.t_start >= run.time_limit

@@ -1,4 +1,5 @@
-"""transfer: quota-aware, resumable, verified upload of packed shards over one SSH connection.
+"""transfer: quota-aware, resumable, verified upload of packed shards over SSH (the OpenSSH
+client's one master connection per cluster, or one Fabric connection per command).
 
 Public API (also used by `packer budget --remote` and the job submitter):
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from transfer.connection import connect
 from transfer.quota import Quota, live_quota
-from transfer.remote import FileStat, LocalRemote, Remote, RunResult, SSHRemote
+from transfer.remote import FileStat, LocalRemote, OpenSSHRemote, Remote, RunResult, SSHRemote
 
 if TYPE_CHECKING:
     from shardship.config import ClusterConfig
@@ -27,4 +28,4 @@ def remote_quota(cluster: ClusterConfig, accept_new_host_key: bool = False) -> Q
 
 
 __all__ = ["connect", "remote_quota", "live_quota", "Quota", "Remote", "RunResult", "FileStat", "SSHRemote",
-           "LocalRemote"]
+           "OpenSSHRemote", "LocalRemote"]

@@ -1,4 +1,9 @@
-"""`transfer quota | upload | status | pull`: thin click wrappers, one connection each.
+"""`transfer quota | upload | status | pull | connect | disconnect`: thin click wrappers.
+
+Each command opens the cluster's Remote once (transfer.connect); on the OpenSSH
+transport that is a channel of the cluster's one master connection, which
+`connect` opens explicitly (the one login, with its MFA prompts, on the
+terminal) and `disconnect` closes.
 
 Expected failures print one line (no traceback) and exit with the code from
 shardship.errors: 2 usage/config, 3 over quota (nothing sent), 4 remote /
@@ -77,16 +82,21 @@ def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new
               help="Safety margin kept free under the quota: a percentage of the limit or a size (200M).")
 @click.option("--bwlimit", default=None, help="Limit the upload rate, e.g. 20M (bytes per second).")
 @click.option("--no-compress", is_flag=True, help="Send .tar even where a .tar.zst exists.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress (default: a bar on a terminal, else a plain line per ~10% or per minute).")
+@click.option("--quiet", is_flag=True, help="No progress output at all (same as --no-progress).")
 @click.option("--prune", is_flag=True,
               help="After index.json is switched, delete shards of older packs (shards are content-named, so a "
                    "re-pack uploads new files and a job still reading the old index keeps its old shards).")
 @_errors
 def upload(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool, dry_run: bool,
-           margin: str, bwlimit: str | None, no_compress: bool, progress: bool | None, prune: bool) -> None:
-    """Send new/changed shards, verify each by sha256 on the remote, write index.json last."""
+           margin: str, bwlimit: str | None, no_compress: bool, progress: bool | None, quiet: bool,
+           prune: bool) -> None:
+    """Send new/changed shards, verify each by sha256 on the remote, write index.json last.
+    Sends the .tar.zst where `packer pack --compress` wrote one (unpacked and checked there)."""
     from transfer.upload import upload as do_upload
 
+    progress = False if quiet else progress
     cfg, cl, packed = _setup(cluster, config, out)
     rate = parse_size(bwlimit) if bwlimit else None
     with connect(cl, accept_new_host_key) as remote:
@@ -128,13 +138,16 @@ def status(cluster: str | None, config: Path | None, out: Path | None, accept_ne
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Local directory to put the files in (default: paths.outputs, outputs/).")
-@click.option("--progress/--no-progress", default=None)
+@click.option("--progress/--no-progress", default=None,
+              help="Progress (default: a bar on a terminal, else a plain line per ~10% or per minute).")
+@click.option("--quiet", is_flag=True, help="No progress output at all (same as --no-progress).")
 @_errors
 def pull(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
-         paths: tuple[str, ...], dest: Path | None, progress: bool | None) -> None:
+         paths: tuple[str, ...], dest: Path | None, progress: bool | None, quiet: bool) -> None:
     """Fetch files or directories (relative to remote_dir) back, resumed and verified."""
     from transfer.pull import pull as do_pull
 
+    progress = False if quiet else progress
     cfg, cl, _ = _setup(cluster, config, out)
     target = dest if dest is not None else cfg.outputs
     with connect(cl, accept_new_host_key) as remote:
@@ -142,3 +155,41 @@ def pull(cluster: str | None, config: Path | None, out: Path | None, accept_new_
     got = [o for o in outcomes if not o.skipped]
     click.echo(f"{len(got)} files fetched and verified ({human(sum(o.received for o in got))}), "
                f"{len(outcomes) - len(got)} already here, into {target}")
+
+
+@main.command(name="connect")
+@_common
+@_errors
+def connect_cmd(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool) -> None:
+    """Log in once (MFA prompts here) and keep the connection for ControlPersist (default 8h):
+    every later transfer/train/packer command to this cluster reuses it without a prompt."""
+    from transfer.connection import master_for, transport
+
+    _, cl, _ = _setup(cluster, config, out)
+    if transport(cl) != "openssh":
+        click.echo(f"[cluster.{cl.name}] uses the paramiko transport: each command logs in on its own; "
+                   f"nothing to keep open (transport = \"openssh\" needs the `ssh` client)")
+        return
+    m = master_for(cl, accept_new_host_key)
+    reused = m.ensure()
+    whose = "your ControlPath from ~/.ssh/config" if not m.own_socket else "shardship's socket"
+    click.echo(f"{m.label}: {'already connected' if reused else 'connected'} ({whose}: {m.control_path}); "
+               f"commands reuse it without logging in" + ("" if reused else f" for {m.persist} of idle time") +
+               "; `transfer disconnect` closes it")
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="shardship.toml (default: ./shardship.toml or $SHARDSHIP_CONFIG).")
+@click.option("--cluster", default=None, metavar="NAME", help="[cluster.NAME] from shardship.toml.")
+@_errors
+def disconnect(cluster: str | None, config: Path | None) -> None:
+    """Close the cluster's OpenSSH master connection (the next command logs in again)."""
+    from transfer.connection import master_for, transport
+
+    cl = load_config(config).cluster(cluster)
+    if transport(cl) != "openssh":
+        click.echo(f"[cluster.{cl.name}] uses the paramiko transport: no connection is kept open")
+        return
+    m = master_for(cl)
+    click.echo(f"{m.label}: {'disconnected' if m.stop() else 'no open connection'} ({m.control_path})")

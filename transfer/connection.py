@@ -1,6 +1,12 @@
 """`connect(cluster)`: the one place a Remote is made from a `[cluster.NAME]`.
 
-One Fabric `Connection` per command: host may be a ~/.ssh/config alias
+Transport (`transport` in [cluster.NAME]): "openssh" drives the OpenSSH client
+over one ControlMaster per cluster (transfer.remote.master: one login, one MFA
+prompt, per working day, shared by every command); "paramiko" is one Fabric
+connection per command; "auto" (default) is openssh when an `ssh` binary is
+installed and no programmatic `prompter` was passed, else paramiko.
+
+Fabric: one `Connection` per command: host may be a ~/.ssh/config alias
 (HostName, User, Port, IdentityFile, ProxyJump are honoured by Fabric's ssh
 config loading), unknown host keys are refused (see hostkeys), and MFA
 prompts go to the terminal (see auth). Connection problems become one-line
@@ -15,7 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from shardship.config import ClusterConfig
 from shardship.errors import RemoteError
-from transfer.remote import SFTP_MAX_PACKET_SIZE, SFTP_WINDOW_SIZE, LocalRemote, Remote, SSHRemote, local_home
+from transfer.remote import (
+    SFTP_MAX_PACKET_SIZE,
+    SFTP_WINDOW_SIZE,
+    LocalRemote,
+    OpenSSHRemote,
+    Remote,
+    SSHRemote,
+    local_home,
+    ssh_binary,
+)
+from transfer.remote.master import Master, resolve
 
 if TYPE_CHECKING:
     from transfer.auth import Prompter
@@ -58,6 +74,10 @@ def connect(cluster: ClusterConfig, accept_new_host_key: bool = False, *, prompt
     if not cluster.host:
         raise RemoteError(f"[cluster.{cluster.name}] has no host: "
                           "set host = \"login.example.edu\" (or an ~/.ssh/config alias)")
+    if transport(cluster, prompter) == "openssh":
+        master = master_for(cluster, accept_new_host_key)
+        master.ensure()
+        return OpenSSHRemote(master, cluster.remote_dir, cluster.python)
     conn = _open(cluster, accept_new_host_key, prompter)
     label = f"{conn.user}@{cluster.host}"
     try:
@@ -66,6 +86,27 @@ def connect(cluster: ClusterConfig, accept_new_host_key: bool = False, *, prompt
     except BaseException:
         conn.close()
         raise
+
+
+def transport(cluster: ClusterConfig, prompter: Prompter | None = None) -> str:
+    """"openssh" or "paramiko" for this cluster (see the module docstring)."""
+    want = (cluster.transport or "auto").lower()
+    if want not in ("auto", "openssh", "paramiko"):
+        raise RemoteError(f"[cluster.{cluster.name}] transport = {cluster.transport!r}: "
+                          f"use \"auto\", \"openssh\" or \"paramiko\"")
+    if want == "openssh" and ssh_binary() is None:
+        raise RemoteError(f"[cluster.{cluster.name}] transport = \"openssh\" but no `ssh` client is installed: "
+                          f"install openssh-client or set transport = \"paramiko\"")
+    if want == "auto":
+        return "openssh" if ssh_binary() is not None and prompter is None else "paramiko"
+    return want
+
+
+def master_for(cluster: ClusterConfig, accept_new_host_key: bool = False) -> Master:
+    """The cluster's OpenSSH master (not started): for `transfer connect` / `disconnect`."""
+    if cluster.is_local or not cluster.host:
+        raise RemoteError(f"[cluster.{cluster.name}]: host {cluster.host!r} is not an SSH host: nothing to connect")
+    return resolve(cluster, accept_new_host_key)
 
 
 def _open(cluster: ClusterConfig, accept_new: bool, prompter: Prompter | None) -> Any:

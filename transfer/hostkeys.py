@@ -22,6 +22,9 @@ from typing import Any
 import paramiko
 
 from shardship.errors import RemoteError
+from transfer.remote.master import UnknownHostKey  # one class for both transports
+
+__all__ = ["UnknownHostKey", "fingerprint", "configure", "hops", "removal_command", "append_known_host"]
 
 DEFAULT_USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -62,10 +65,6 @@ def load_host_keys(client: paramiko.SSHClient, ssh_config: dict[str, Any] | None
             except (OSError, paramiko.SSHException) as e:
                 raise RemoteError(f"{f}: cannot read known_hosts: {e}") from None
     return files[0]
-
-
-class UnknownHostKey(RemoteError):
-    """The server's key is not in known_hosts (and the user did not opt in)."""
 
 
 class RefuseUnknownHost(paramiko.RejectPolicy):

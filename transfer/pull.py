@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shardship.errors import Exit, RemoteError, ShardshipError
 from shardship.hashing import sha256_file
+from shardship.progress import bar as progress_bar
 from transfer.hashing import sha256_many
 from transfer.remote import Remote
 
@@ -68,8 +68,6 @@ def _safe_local(dest: Path, rel: str) -> Path:
 
 def pull(remote: Remote, paths: list[str], dest: str | Path, *, progress: bool | None = None) -> list[PullOutcome]:
     """Fetch `paths` (files or directories, relative to remote.root unless absolute) into `dest`."""
-    from tqdm import tqdm
-
     dest = Path(dest)
     files = expand(remote, paths)
     hashes = sha256_many(remote, [f[0] for f in files]) if files else {}
@@ -84,9 +82,7 @@ def pull(remote: Remote, paths: list[str], dest: str | Path, *, progress: bool |
             continue
         todo.append((full, local, size, hashes[full], o))
     total = sum(size - _part_size(local, size) for _, local, size, _, _ in todo)
-    disable = (not sys.stderr.isatty()) if progress is None else (not progress)
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="pull", disable=disable,
-              dynamic_ncols=True, mininterval=0.5, file=sys.stderr) as bar:
+    with progress_bar(total, "pull", enabled=progress, bytes_=True) as bar:
         for full, local, size, digest, o in todo:
             _fetch_one(remote, full, local, size, digest, o, bar)
     return outcomes

@@ -374,6 +374,9 @@ def _remote_user(remote: Remote) -> str:
     conn = getattr(remote, "conn", None)
     if conn is not None and getattr(conn, "user", None):
         return str(conn.user)
+    user = getattr(remote, "user", None)  # OpenSSHRemote: the user `ssh -G` resolved
+    if user:
+        return str(user)
     import getpass
 
     return getpass.getuser()

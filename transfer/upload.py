@@ -5,9 +5,11 @@ Order of work (one connection, one SFTP session):
      (sha256 computed on the remote only for files whose hash is not known);
   2. live quota -> plan (transfer.plan): over quota -> QuotaError (exit 3)
      before anything is written, not even a directory;
-  3. per shard: SFTP (pipelined) into NAME.part, resuming from the .part's size
-     when its prefix hashes the same as ours; sha256 on the remote; a mismatch
-     is retried once from zero; atomic rename; `.tar.zst` unpacked (checked);
+  3. per shard: into NAME.part (pipelined SFTP, or an OpenSSH channel; the
+     OpenSSH transport sends `remote.streams` shards at once, each on its own
+     channel), resuming from the .part's size when its prefix hashes the same
+     as ours; sha256 on the remote; a mismatch is retried once from zero;
+     atomic rename in shard order; `.tar.zst` unpacked (checked);
   4. remote index.json last, atomically, and only when every shard made it.
 A killed or dropped run leaves only `.part` files and verified shards: the
 rerun resumes. A full disk mid-shard removes that `.part`, keeps the verified
@@ -15,9 +17,10 @@ shards and exits 1 with the numbers.
 """
 from __future__ import annotations
 
-import errno
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,27 +28,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from shardship import progress as progress_mod
 from shardship.errors import Exit, QuotaError, RemoteError, ShardshipError
 from shardship.hashing import sha256_file
 from shardship.units import human
 from transfer import unpack
+from transfer.failures import DiskFullError, handle_failure, write_index
 from transfer.hashing import RemoteHasher, sha256
 from transfer.lock import UploadLock
-from transfer.manifest import INDEX, PART
+from transfer.manifest import PART
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, Step
 from transfer.preflight import UnsafeShardError, prepare, read_state, write_state
-from transfer.quota import live_quota
 from transfer.remote import Remote
 from transfer.signature import signatures
 
 Event = Callable[..., None]  # on_event(kind: str, **info)
-NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
-
-
-class DiskFullError(ShardshipError):
-    """The remote filled up mid-upload: verified shards are kept, exit code 1."""
-
-    code = Exit.PARTIAL
+_BAR_LOCK = threading.Lock()  # several senders update one progress display
+__all__ = ["DiskFullError", "UnsafeShardError", "upload", "prune_unlisted", "UploadResult", "ShardOutcome"]
 
 
 @dataclass
@@ -108,20 +107,22 @@ class RateLimit:
 def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_MARGIN, dry_run: bool = False,
            bwlimit: int | None = None, config_quota: str | None = None, use_compressed: bool = True,
            progress: bool | None = None, on_event: Event | None = None,
-           log: Callable[[str], None] | None = None, prune: bool = False) -> UploadResult:
+           log: Callable[[str], None] | None = None, prune: bool = False, streams: int | None = None) -> UploadResult:
     """Upload `out_dir` (index.json + shards) to `remote.root`. Raises QuotaError (exit 3)
     before sending when the plan does not fit, DiskFullError (exit 1) when the disk fills
     mid-way, RemoteError (exit 4) on connection loss or while another upload holds the
     remote lock (transfer.lock), UnsafeShardError for unsafe tars. Shards are content-
     named, so shards of an older pack stay until `prune` removes them (after the new
-    index.json is in place: a job reading the old index never loses a file)."""
+    index.json is in place: a job reading the old index never loses a file).
+    `streams`: shards in flight at once (default and maximum: `remote.streams`, what the
+    transport can do; 1 under `bwlimit`)."""
     say = log or _default_log
     lock = UploadLock(remote, say)
     if not dry_run and remote.exists(""):
         lock.acquire()  # before the plan: no other upload changes what it is based on
     try:
         result = _upload(remote, Path(out_dir), lock, margin, dry_run, bwlimit, config_quota, use_compressed,
-                         progress, on_event or (lambda kind, **kw: None), say)
+                         progress, on_event or (lambda kind, **kw: None), say, streams)
         if prune and not dry_run:
             result.pruned = prune_unlisted(remote, {s.item.name for s in result.plan.steps})
         return result
@@ -131,7 +132,7 @@ def upload(remote: Remote, out_dir: str | Path, *, margin: str | int = DEFAULT_M
 
 def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, dry_run: bool,
             bwlimit: int | None, config_quota: str | None, use_compressed: bool, progress: bool | None,
-            event: Event, say: Callable[[str], None]) -> UploadResult:
+            event: Event, say: Callable[[str], None], streams: int | None = None) -> UploadResult:
     t0 = time.monotonic()
     where = f"{remote.label}:{remote.root}"
     plan, index_bytes, state, fresh = prepare(remote, out_dir, margin=margin, use_compressed=use_compressed,
@@ -148,54 +149,95 @@ def _upload(remote: Remote, out_dir: Path, lock: UploadLock, margin: str | int, 
     lock.acquire()  # a no-op when taken before the plan
     state.update(fresh)
     throttle = RateLimit(bwlimit) if bwlimit else None
-    bar = _bar(plan.bytes_to_send, progress)
+    bar = progress_mod.bar(plan.bytes_to_send, "upload", enabled=progress, bytes_=True)
     verified = [s for s in plan.steps if s.action == "skip"]
     ctx = _Ctx(remote, out_dir, bar, throttle, say, event, verified, plan, where)
-    # Shard i is hashed on the remote (its own channel, same connection) while shard
-    # i+1 is being sent; it is renamed into place when its hash is in.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
-    hasher: list[RemoteHasher] = []  # made in the worker thread, used only there
-
-    def remote_hash(path: str) -> tuple[str, int | None]:
-        if not hasher:
-            hasher.append(RemoteHasher(remote))
-        return hasher[0].sha256(path)
-
-    pending: tuple[Step, ShardOutcome, Future] | None = None
+    streams = 1 if throttle else max(1, min(streams or remote.streams, remote.streams))
     try:
-        for step in plan.sends:
-            outcome = ShardOutcome(step.item.name, step.action)
-            result.outcomes.append(outcome)
-            bar.set_postfix_str(step.item.name[-40:], refresh=False)
-            event("shard_start", name=step.item.name, step=step)
-            try:
-                _transmit(ctx, step, outcome)
-            except (OSError, RemoteError) as e:
-                if pending is not None and _alive(remote):  # the shard before is complete: keep it
-                    done, pending = pending, None
-                    ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
-                _handle_failure(remote, step, outcome, e, verified, plan, where)
-                raise
-            fut = pool.submit(remote_hash, step.item.send_name + PART)
-            if pending is not None:
-                done, pending = pending, None
-                ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
-            pending = (step, outcome, fut)
-        if pending is not None:
-            done, pending = pending, None
-            ctx.guard(done[0], done[1], partial(_finish, ctx, *done))
+        _send_all(ctx, result, streams)
     finally:
-        if hasher:
-            pool.submit(hasher[0].close)
-        pool.shutdown(wait=True)
         bar.close()
         _save_state(remote, state, [s for s in verified if s.action != "skip"], fresh)
 
-    if _write_index(remote, index_bytes, plan, where):
+    if write_index(remote, index_bytes, plan, where):
         result.index_written = True
         event("index_written")
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _send_all(ctx: _Ctx, result: UploadResult, streams: int) -> None:
+    """Send, verify and rename every planned shard, `streams` at a time.
+
+    One stream (Fabric: its one SFTP session is not shared between threads; or
+    --bwlimit): shard i is hashed on the remote (its own channel) while shard i+1
+    is sent, and renamed by this thread. Several (OpenSSH): each sender thread
+    takes a shard through send, remote sha256 (its own long-lived hasher) and
+    rename, so the round trips of one shard overlap the bytes of the others.
+    Failures surface in shard order; a full disk removes every partial file."""
+    remote, plan = ctx.remote, ctx.plan
+    senders: Any = _Inline() if streams == 1 else ThreadPoolExecutor(streams, thread_name_prefix="send")
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remote-sha256")
+    hashers: dict[int, RemoteHasher] = {}  # one per thread: each is used by its thread only
+    here = getattr(remote, "sha256_here", None)  # OpenSSH: on the thread's own receiver channel
+
+    def remote_hash(path: str) -> tuple[str, int | None]:
+        if here is not None:
+            return here(path)
+        h = hashers.get(threading.get_ident())
+        if h is None:
+            h = hashers[threading.get_ident()] = RemoteHasher(remote)
+        return h.sha256(path)
+
+    def ship(step: Step, outcome: ShardOutcome) -> Future | None:
+        _transmit(ctx, step, outcome)
+        part = step.item.send_name + PART
+        if streams == 1:
+            return pool.submit(remote_hash, part)  # finished by the caller after the next send
+        digest: Future = Future()
+        digest.set_result(remote_hash(part))
+        ctx.guard(step, outcome, partial(_finish, ctx, step, outcome, digest))
+        return None
+
+    todo = deque(plan.sends)
+    inflight: deque[tuple[Step, ShardOutcome, Future]] = deque()
+    try:
+        while todo or inflight:
+            while todo and len(inflight) <= streams and not any(_failed(f) for _, _, f in inflight):
+                step = todo.popleft()
+                outcome = ShardOutcome(step.item.name, step.action)
+                result.outcomes.append(outcome)
+                ctx.bar.set_postfix_str(step.item.name[-40:], refresh=False)
+                ctx.event("shard_start", name=step.item.name, step=step)
+                inflight.append((step, outcome, senders.submit(ship, step, outcome)))
+            step, outcome, fut = inflight.popleft()
+            try:
+                digest = fut.result()
+            except DiskFullError:
+                _settle(inflight)
+                _remove_parts(remote, [s for s, _, _ in inflight])
+                raise
+            except (OSError, RemoteError) as e:
+                _settle(inflight)
+                handle_failure(remote, step, outcome.resumed_from + outcome.sent, e, ctx.verified, plan, ctx.where,
+                               [s for s, _, _ in inflight])
+                raise
+            if digest is not None:
+                ctx.guard(step, outcome, partial(_finish, ctx, step, outcome, digest))
+    finally:
+        _settle(inflight)
+        senders.shutdown(wait=True)
+        pool.shutdown(wait=True)
+        for h in hashers.values():
+            h.close()
+
+
+def _remove_parts(remote: Remote, steps: list[Step]) -> None:
+    for s in steps:
+        try:
+            remote.remove(s.item.send_name + PART)
+        except (RemoteError, OSError):
+            pass
 
 
 def prune_unlisted(remote: Remote, keep: set[str]) -> list[str]:
@@ -210,50 +252,6 @@ def prune_unlisted(remote: Remote, keep: set[str]) -> list[str]:
         state = read_state(remote)
         write_state(remote, {k: v for k, v in state.items() if k not in gone})
     return gone
-
-
-def _write_index(remote: Remote, index_bytes: bytes, plan: Plan, where: str) -> bool:
-    """index.json last (atomic: temp file + rename); False when the remote one is already it.
-    A full disk here is the same one-line DiskFullError (exit 1) as mid-shard."""
-    current = None
-    if remote.stat(INDEX) is not None:
-        try:
-            current = remote.read_file(INDEX)
-        except RemoteError:
-            current = None
-    if current == index_bytes:
-        return False
-    try:
-        remote.write_file(INDEX, index_bytes)
-    except (OSError, RemoteError) as e:
-        if not _alive(remote):
-            raise RemoteError(f"{where}: connection lost while writing index.json ({e}); "
-                              f"rerun to finish (the shards are verified)") from None
-        q = _quota_or_none(remote)
-        head = q.headroom_bytes if q is not None else None
-        if not (_says_no_space(e) or (head is not None and head < len(index_bytes) + 1024 * 1024)):
-            if isinstance(e, RemoteError):
-                raise
-            raise RemoteError(f"{where}: writing index.json failed: {e}; rerun") from None
-        n = len(plan.steps)
-        raise DiskFullError(
-            f"{where}: remote disk full while writing index.json: kept {n} verified shards "
-            f"({human(sum(s.item.bytes for s in plan.steps))}); {human(max(head or 0, 0))} free now "
-            f"({q.describe() if q else 'quota unknown'}); index.json not updated (a job there still sees the "
-            f"previous dataset, if any). Free at least 1 MB on the cluster and rerun"
-        ) from None
-    return True
-
-
-def _says_no_space(err: Exception) -> bool:
-    return getattr(err, "errno", None) in NO_SPACE or "No space left" in str(err) or "quota" in str(err).lower()
-
-
-def _quota_or_none(remote: Remote) -> Any:
-    try:
-        return live_quota(remote, remote.root)
-    except (RemoteError, OSError):
-        return None
 
 
 @dataclass
@@ -275,7 +273,8 @@ class _Ctx:
         try:
             fn()
         except (OSError, RemoteError) as e:
-            _handle_failure(self.remote, step, outcome, e, self.verified, self.plan, self.where)
+            handle_failure(self.remote, step, outcome.resumed_from + outcome.sent, e, self.verified, self.plan,
+                           self.where)
             raise
 
 
@@ -323,14 +322,15 @@ def _transmit(ctx: _Ctx, step: Step, outcome: ShardOutcome, from_zero: bool = Fa
 
     def moved(n: int) -> None:
         outcome.sent += n
-        ctx.bar.update(n)
+        with _BAR_LOCK:
+            ctx.bar.update(n)
 
     ctx.remote.put(local, part, offset, callback=moved, throttle=ctx.throttle)
 
 
 def _check_size(remote: Remote, part: str, size: int | None, expected: int) -> None:
     """NFS may report a full disk only at close, which SFTP servers may not relay: a
-    short file is a failed write (judged by _handle_failure), not a hash mismatch."""
+    short file is a failed write (judged by handle_failure), not a hash mismatch."""
     if size is None:
         size = remote.size(part)
     if size != expected:
@@ -382,65 +382,37 @@ def _unpack(remote: Remote, it: Item) -> None:
     raise RemoteError(f"{remote.label}: unpacking {it.send_name} failed (exit {res.returncode}): {msg}")
 
 
-def _handle_failure(remote: Remote, step: Step, outcome: ShardOutcome, err: Exception, verified: list[Step],
-                    plan: Plan, where: str) -> None:
-    """Turn a failed write into the right error. Disk full: drop the .part, keep the rest."""
-    if not _alive(remote):
-        raise RemoteError(f"{where}: connection lost while sending {step.item.send_name} ({err}); "
-                          f"rerun to resume from the partial file") from None
-    it = step.item
-    q = _quota_or_none(remote)
-    try:
-        in_part = remote.size(it.send_name + PART) or 0
-    except (RemoteError, OSError):
-        in_part = 0
-    no_space = _says_no_space(err)
-    head = q.headroom_bytes if q is not None else None
-    # SFTP reports ENOSPC as a bare "Failure": judge by the space left (the .part goes away)
-    if not no_space and head is not None and (head < 1024 * 1024 or head + in_part < it.send_bytes + 64 * 1024):
-        no_space = True
-    if not no_space:
-        if isinstance(err, RemoteError):
-            return  # re-raised by the caller as is
-        raise RemoteError(f"{where}: writing {it.send_name} failed: {err}") from None
-    for name in (it.send_name + PART, "." + it.name + ".unpack.tmp"):
+class _Inline:
+    """An executor that runs each task at once in the caller's thread (one stream)."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        fut: Future = Future()
         try:
-            remote.remove(name)
-        except (RemoteError, OSError):
-            pass
-    if it.compressed:
-        try:
-            if remote.stat(it.send_name) is not None and remote.stat(it.name) is None:
-                remote.remove(it.send_name)
-        except (RemoteError, OSError):
-            pass
-    kept = len(verified)
-    kept_bytes = sum(s.item.bytes for s in verified)
-    remaining = [s for s in plan.sends if s not in verified]
-    need = sum(s.item.bytes for s in remaining)
-    after = live_quota(remote, remote.root) if q is not None else None
-    free = after.headroom_bytes if after is not None else None
-    raise DiskFullError(
-        f"{where}: remote disk full while sending {it.send_name} "
-        f"({human(outcome.resumed_from + outcome.sent)} of {human(it.send_bytes)} written): removed the partial file; "
-        f"kept {kept} verified shards ({human(kept_bytes)}); {len(remaining)} shards ({human(need)}) not sent; "
-        f"{human(max(free or 0, 0))} free now ({after.describe() if after else 'quota unknown'}); "
-        "index.json not updated. "
-        f"Free at least {human(max(need - (free or 0), 0))} on the cluster and rerun"
-    ) from None
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: B036 (handed to the caller through the future, as a pool does)
+            if not isinstance(e, Exception):
+                raise
+            fut.set_exception(e)
+        return fut
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
 
 
-def _alive(remote: Remote) -> bool:
-    """False when an SSH remote's connection has dropped (a local one is always there)."""
-    return bool(getattr(remote, "alive", True))
+def _failed(fut: Future) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is not None
 
 
-def _bar(total: int, progress: bool | None) -> Any:
-    from tqdm import tqdm
-
-    disable = (not sys.stderr.isatty()) if progress is None else (not progress)
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="upload", disable=disable,
-                dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
+def _settle(inflight: deque[tuple[Step, ShardOutcome, Future]]) -> None:
+    """Cancel the sends not started; wait for the running ones (their errors are theirs)."""
+    for _, _, fut in inflight:
+        if not fut.cancel():
+            try:
+                digest = fut.result()
+                if digest is not None:
+                    digest.result()
+            except Exception:  # noqa: S110 (the first failure is the one reported)
+                pass
 
 
 def _default_log(msg: str) -> None:

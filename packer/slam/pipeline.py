@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -61,7 +62,7 @@ class _Stages:
         self._cur: str | None = None
         self._t = time.perf_counter()
         self.bar = None
-        if progress:
+        if progress and sys.stderr.isatty():  # off a terminal the session line below says enough
             from tqdm import tqdm
 
             self.bar = tqdm(total=len(STAGES), desc=name, unit="stage", leave=False)
@@ -339,9 +340,9 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
     jobs = default_jobs(opts.threads) if jobs is None or jobs <= 0 else jobs
     jobs = min(jobs, max(1, len(dirs)))
     out: dict[int, SlamResult] = {}
-    from tqdm import tqdm
+    from shardship.progress import bar as progress_bar
 
-    bar = tqdm(total=len(dirs), desc="slam", unit="session", disable=not opts.progress or len(dirs) < 2)
+    bar = progress_bar(len(dirs), "slam", "session", None if opts.progress and len(dirs) >= 2 else False)
     if jobs == 1:
         for i, p in enumerate(dirs):
             out[i] = slam_session(p, opts)

@@ -17,6 +17,7 @@ import abc
 import contextlib
 import os
 import posixpath
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -84,6 +85,19 @@ def _decode(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+def shell_line(argv: Sequence[str], python: str, cwd: str | None = None) -> str:
+    """The one string an SSH backend sends to the remote login shell (which always parses
+    it): every argument `shlex.quote`d, "python3" replaced by the cluster's python, and
+    `cd ABSOLUTE && ` in front when a working directory is given."""
+    args = [str(a) for a in argv]
+    if args and args[0] == "python3":
+        args[0] = python
+    line = shlex.join(args)
+    if cwd is not None:
+        line = f"cd {shlex.quote(cwd)} && {line}"  # absolute: never starts with "-"
+    return line
+
+
 class Remote(abc.ABC):
     """The operations transfer (and the job submitter) need on the other side."""
 
@@ -95,6 +109,8 @@ class Remote(abc.ABC):
     home: str
     #: python interpreter on the remote side (cluster `python`, default python3)
     python: str
+    #: how many files `transfer upload` may send at once (each on its own channel)
+    streams: int = 1
 
     # -- paths -------------------------------------------------------------
     def path(self, *parts: str) -> str:

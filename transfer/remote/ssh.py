@@ -24,14 +24,13 @@ import contextlib
 import functools
 import io
 import posixpath
-import shlex
 import stat as stat_mod
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from shardship.errors import RemoteError
-from transfer.remote.base import FileStat, Process, Remote, RunResult, _decode
+from transfer.remote.base import FileStat, Process, Remote, RunResult, _decode, shell_line
 from transfer.remote.keepalive import Watchdog, settings
 
 #: paramiko channel window / max packet for the SFTP session (what we *receive*:
@@ -114,13 +113,7 @@ class SSHRemote(Remote):
     # -- commands ------------------------------------------------------------
     def command_line(self, argv: Sequence[str], cwd: str | None = None) -> str:
         """The exact string sent to the remote shell: every argument shlex-quoted."""
-        args = [str(a) for a in argv]
-        if args and args[0] == "python3":
-            args[0] = self.python
-        line = shlex.join(args)
-        if cwd is not None:
-            line = f"cd {shlex.quote(self.path(cwd))} && {line}"  # absolute: never starts with "-"
-        return line
+        return shell_line(argv, self.python, None if cwd is None else self.path(cwd))
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, stdin: bytes | None = None,
             timeout: float | None = None) -> RunResult:

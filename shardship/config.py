@@ -60,6 +60,9 @@ class ClusterConfig:
     project: str | None = None
     setup: list[str] = field(default_factory=list)
     python: str = "python3"
+    # `train submit` uploads shardship's source (named by content hash) and runs it with
+    # PYTHONPATH on top of the cluster's python/torch; false: the cluster has it installed
+    ship_code: bool = True
 
     @property
     def is_local(self) -> bool:

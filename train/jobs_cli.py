@@ -23,7 +23,13 @@ def _load(config_path: str | None, cluster: str | None):
 @click.command()
 @_CLUSTER
 @_CONFIG
-@click.option("--dry-run", is_flag=True, help="Render and check the script, print it, submit nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="Render and check the script, print it, submit nothing. Works offline: when the cluster "
+                   "cannot be reached, the checks that need it say \"not checked (offline)\".")
+@click.option("--offline", is_flag=True, help="With --dry-run: do not even try to connect.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a [train] value for this job only (repeatable): --set lr=1e-4 --set model.preset=tiny "
+                   "--set unet_dims=[32,64]. Values are TOML; the job's copy of [train] gets them.")
 @click.option("--name", default="shardship", show_default=True,
               help="Job name; also the run directory outputs/NAME on the cluster (resubmitting resumes it).")
 @click.option("--nproc-per-node", type=click.IntRange(1), default=None,
@@ -32,9 +38,14 @@ def _load(config_path: str | None, cluster: str | None):
 @click.option("--no-probe", is_flag=True, help="Do not measure a DataLoader worker locally for the RAM check.")
 @_HOSTKEY
 @friendly_errors
-def submit(cluster: str | None, config_path: str | None, dry_run: bool, name: str, nproc_per_node: int | None,
-           max_steps: int | None, no_probe: bool, accept_new_host_key: bool) -> None:
-    """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id."""
+def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline: bool, sets: tuple[str, ...],
+           name: str, nproc_per_node: int | None, max_steps: int | None, no_probe: bool,
+           accept_new_host_key: bool) -> None:
+    """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id.
+
+    Before anything is submitted: data workers x ranks x measured worker RSS against one
+    node's memory (host OOM), workers against cores per rank, the first checkpoint against
+    the wall clock, checkpoints against the quota. Preview with --dry-run (offline too)."""
     from shardship.errors import ShardshipError
     from train.jobs import checks
     from train.jobs.records import jobs_file
@@ -43,8 +54,10 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, name: st
     cfg, cl = _load(config_path, cluster)
     extra = ("--max-steps", str(max_steps)) if max_steps else ()
     res = submit_job(cfg, cl, dry_run=dry_run, accept_new_host_key=accept_new_host_key, name=name,
-                     ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe)
+                     ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe, sets=sets, offline=offline)
     p = res.plan
+    if res.offline:
+        click.echo(f"offline ({res.offline}): rendered and checked without the cluster", err=True)
     if dry_run:
         click.echo(p.script, nl=False)
     for note in p.notes:

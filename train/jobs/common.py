@@ -5,6 +5,7 @@ every value in a comment through `comment`, every directive value through
 `directive_value` (refused when it cannot be written safely)."""
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 
@@ -67,6 +68,10 @@ def setup_block(spec: JobSpec) -> list[str]:
     if spec.setup:
         lines.append("# setup from the config")
         lines.extend(spec.setup)
+    if spec.code_dir:
+        shipped = comment(posixpath.basename(spec.code_dir))
+        lines.append(f"# shardship's own code, shipped by `train submit` ({shipped}), before the cluster's")
+        lines.append(f'export PYTHONPATH={q(spec.code_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines.append(f"mkdir -p {q(spec.out_dir)}")
     lines.append(f"cd {q(spec.out_dir)}")
     return lines

@@ -1,0 +1,136 @@
+"""`train submit` without a cluster: `--dry-run` renders and checks offline (an
+unresolvable login node is not an error for a preview), a [train] value of the
+wrong shape is one line naming the key, `--set` overrides reach the job's TOML,
+and the shipped source archive is the same bytes for the same code."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardship.config import load_config, tomllib
+from shardship.errors import ShardshipError
+
+CONFIG = """
+[cluster.hpc]
+host = "login.nonexistent.invalid"
+user = "alice"
+scheduler = "slurm"
+nodes = 2
+gpus = 4
+cpus = 16
+mem = "64G"
+time = "24:00:00"
+setup = ["module load python3/3.10 pytorch/2.1"]
+
+[train]
+num_workers = 3
+"""
+
+
+def _submit(tmp_path: Path, *args: str, config: str = CONFIG):
+    from train.cli import main
+
+    (tmp_path / "shardship.toml").write_text(config)
+    return CliRunner().invoke(main, ["submit", "--config", str(tmp_path / "shardship.toml"), "--no-probe", *args])
+
+
+def test_dry_run_with_an_unreachable_host_prints_the_script_and_exits_0(tmp_path: Path) -> None:
+    res = _submit(tmp_path, "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("#!/bin/bash\n"), res.stdout
+    assert "#SBATCH --nodes=2" in res.stdout and "module load python3/3.10 pytorch/2.1" in res.stdout
+    # shardship's code goes with the job, on top of the cluster's python
+    assert "export PYTHONPATH=/home/alice/shardship/code/shardship-src-" in res.stdout
+    err = res.stderr
+    assert "offline (" in err and "login.nonexistent.invalid" in err, err
+    for what in ("data: /home/alice/shardship/index.json not checked (offline)",
+                 "biggest node unknown (not checked (offline))", "quota not checked (offline)",
+                 "remote home not checked (offline): paths assume /home/alice"):
+        assert what in err, err
+    assert "nothing submitted" in err
+
+
+def test_offline_still_runs_the_arithmetic(tmp_path: Path) -> None:
+    """16 workers x 4 ranks on 16 cores is refused with no cluster at all."""
+    res = _submit(tmp_path, "--dry-run", "--offline", "--set", "num_workers=16")
+    assert res.exit_code == 2, res.output
+    assert "cpus: num_workers = 16 per rank but each rank gets 4 cores" in res.stderr
+    assert "would refuse this job" in res.stderr
+
+
+def test_offline_needs_dry_run(tmp_path: Path) -> None:
+    res = _submit(tmp_path, "--offline")
+    assert res.exit_code == 2 and "--offline" in res.stderr and "--dry-run" in res.stderr, res.output
+
+
+def test_a_real_submit_to_an_unreachable_host_is_exit_4(tmp_path: Path) -> None:
+    res = _submit(tmp_path)
+    assert res.exit_code == 4, res.output
+
+
+@pytest.mark.parametrize("train, words", [
+    ('model = "tiny"', ['model = \'tiny\' is a str', 'write [train.model] with preset = "tiny"']),
+    ('num_workers = "2"', ["num_workers = '2' is a str", "reads int"]),
+    ("val_sessions = \"a\"", ["val_sessions = 'a' is a str", "reads a list"]),
+    ("unet_dims = 64", ["unet_dims = 64 is a int", "reads a list"]),
+    ("amp = 1", ["amp = 1 is a int", "reads bool"]),
+])
+def test_a_value_of_the_wrong_shape_is_one_line_naming_the_key(tmp_path: Path, train: str,
+                                                              words: list[str]) -> None:
+    res = _submit(tmp_path, "--dry-run", "--offline", config=CONFIG.replace("num_workers = 3", train))
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "shardship.toml [train]:" in res.stderr
+    for w in words:
+        assert w in res.stderr, res.stderr
+
+
+def test_set_overrides_reach_the_jobs_toml(tmp_path: Path) -> None:
+    from train.jobs.submit import submit_job
+
+    (tmp_path / "shardship.toml").write_text(CONFIG)
+    cfg = load_config(tmp_path / "shardship.toml")
+    res = submit_job(cfg, cfg.cluster("hpc"), dry_run=True, offline=True, probe=False,
+                     sets=("lr=1e-4", "model.preset=tiny", "unet_dims=[32, 64]", "device=cpu", "num_workers=2"))
+    train = tomllib.loads(res.plan.train_toml)["train"]
+    assert train["lr"] == 1e-4 and train["model"] == {"preset": "tiny"} and train["unet_dims"] == [32, 64]
+    assert train["device"] == "cpu" and train["num_workers"] == 2
+    assert res.plan.spec.num_workers == 2  # the checks read the overridden value
+    assert cfg.train == {"num_workers": 3}  # the config itself is untouched
+
+
+@pytest.mark.parametrize("item, words", [("lrr=1", "unknown [train] key 'lrr'"), ("lr", "write KEY=VALUE"),
+                                         ("model=tiny", "--set model.preset=tiny"),
+                                         ("model.foo=1", "unknown model key 'foo'")])
+def test_set_refuses_what_the_trainer_would_not_read(item: str, words: str) -> None:
+    from train.jobs.overrides import apply_sets
+
+    with pytest.raises(ShardshipError, match="--set") as e:
+        apply_sets({}, [item])
+    assert words in str(e.value)
+
+
+def test_the_source_archive_is_named_by_its_content(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from train.jobs.ship import build_archive, source_root
+
+    a, b = build_archive(), build_archive()
+    assert a == b and a.name.startswith("shardship-src-") and a.files > 50
+    names = tarfile.open(fileobj=io.BytesIO(a.data)).getnames()
+    assert "train/jobs/ship.py" in names and "shardship/config.py" in names
+    assert not [n for n in names if "__pycache__" in n or not n.endswith(".py")]
+    # one changed byte, another name
+    copy = tmp_path / "src"
+    for pkg in ("shardship", "packer", "transfer", "train"):
+        for p in (source_root() / pkg).rglob("*.py"):
+            if "__pycache__" not in p.parts:
+                dst = copy / p.relative_to(source_root())
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(p.read_bytes())
+    assert build_archive(copy).name == a.name
+    (copy / "train" / "__init__.py").write_text("# changed\n")
+    assert build_archive(copy).name != a.name

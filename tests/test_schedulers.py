@@ -301,8 +301,10 @@ def test_two_process_torchrun_job_runs_to_completion(scheduler: str, site: Site,
             metrics = remote.read_file(posixpath.join(rec.out_dir, "metrics.jsonl")).decode().splitlines()
             assert max(json.loads(ln)["step"] for ln in metrics) == 6
             # `train status` and `train fetch` over the same kind of connection
-            [(r2, st2)] = job_status(cfg, cluster, remote=remote)
+            [(r2, st2, prog)] = job_status(cfg, cluster, remote=remote)
             assert r2.job_id == rec.job_id and st2.state == "COMPLETED"
+            assert prog is not None and (prog.step, prog.total_steps, prog.eta_s) == (6, 6, 0), prog
+            assert prog.loss is not None and prog.samples_per_s and "step 6/6, loss" in str(prog)
             dest, outcomes = fetch_results(cfg, cluster, remote=remote, name="ddp")
         names = {o.local_path.name for o in outcomes}
         assert {"best.pt", "metrics.jsonl", "loss.png", Path(rec.log).name} <= names

@@ -189,14 +189,16 @@ def _bare_python(where: Path) -> str:
     return str(where / "bin" / "python")
 
 
-def test_job_without_shardship_installed_runs_from_the_shipped_code(site: Site, packed: Path,
-                                                                      tmp_path: Path) -> None:
+def test_job_without_shardship_installed_runs_from_the_shipped_code(site: Site, packed: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
     from train.jobs.ship import build_archive, ship
 
     remote_dir = "shipped"
     wipe(site, remote_dir)
+    # nothing of this test run's own PYTHONPATH may reach the job (runuser and sbatch pass the environment on)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     venv = Path(tempfile.mkdtemp(prefix="shardship-bare-"))
     venv.chmod(0o755)
     try:
@@ -227,3 +229,23 @@ def test_job_without_shardship_installed_runs_from_the_shipped_code(site: Site, 
     finally:
         shutil.rmtree(venv, ignore_errors=True)
         wipe(site, remote_dir)
+
+
+def test_doctor_on_the_login_node(site: Site) -> None:
+    """`train doctor` as the job user over the real connection: python and torch through the
+    setup lines, the CUDA answer a login node can give, SLURM's commands, quota and space."""
+    from train.jobs.doctor import run_doctor
+
+    cluster = site.cluster("doctor", scheduler="slurm")
+    with site.connect(cluster) as remote:
+        remote.mkdir("")
+        checks = {c.what: c for c in run_doctor(remote, cluster, 2**20, 4)}
+        # the job user's home is a 64 MiB tmpfs: four 100 MiB checkpoints do not fit, and doctor says so
+        [big] = [c for c in run_doctor(remote, cluster, 100 * 2**20, 4) if c.what == "space"]
+    text = "\n".join(map(str, checks.values()))
+    assert checks["python"].level == "ok" and checks["torch"].level == "ok", text
+    assert "CPU-only build" in checks["cuda"].detail or "cannot be checked from here" in checks["cuda"].detail, text
+    assert checks["slurm"].level == "ok" and "sbatch" in checks["slurm"].detail, text
+    assert checks["space"].level == "ok" and "checkpoints need" in checks["space"].detail, text
+    assert not [c for c in checks.values() if c.level == "fail"], text
+    assert big.level == "fail" and "the run keeps 4 checkpoints = 400.0 MB" in big.detail, big

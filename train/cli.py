@@ -132,7 +132,7 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
         click.echo(line)
 
 
-from train.jobs_cli import fetch, status, submit  # noqa: E402  (train/jobs_cli.py is owned by the jobs helper)
+from train.jobs_cli import doctor, fetch, logs, status, submit  # noqa: E402  (train/jobs_cli.py: the jobs helper's)
 
-for _cmd in (submit, status, fetch):
+for _cmd in (submit, status, fetch, logs, doctor):
     main.add_command(_cmd)

@@ -95,12 +95,69 @@ def status(cluster: str | None, config_path: str | None, job_id: str | None, acc
     if not rows:
         click.echo(f"no jobs recorded for [cluster.{cl.name}] in {jobs_file(cfg)}")
         return
-    for rec, st in rows:
+    for rec, st, prog in rows:
         code = "" if st.exit_code is None else f" exit {st.exit_code}"
         again = f", {st.restarts} restart(s)" if st.restarts else ""
         detail = f" ({st.detail})" if st.detail else ""
         click.echo(f"{rec.job_id:>10}  {rec.name:<16} {st.state:<10}{code}{again}{detail}  submitted {rec.submitted}")
+        if prog is not None:
+            click.echo(f"{'':>10}  {prog}")
         click.echo(f"{'':>10}  log {rec.log}")
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@click.option("--name", default=None, help="Run name given to `train submit` (default: the newest job).")
+@click.option("--job", "job_id", default=None, help="This job id.")
+@click.option("--lines", "-n", type=click.IntRange(1), default=50, show_default=True, help="Last lines to show.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job leaves the queue.")
+@_HOSTKEY
+@friendly_errors
+def logs(cluster: str | None, config_path: str | None, name: str | None, job_id: str | None, lines: int,
+         follow: bool, accept_new_host_key: bool) -> None:
+    """The scheduler log of a recorded job (requeued runs append to the same file)."""
+    from shardship.errors import ShardshipError
+    from train.jobs.logs import follow_log, pick_record
+
+    cfg, cl = _load(config_path, cluster)
+    rec = pick_record(cfg, cl, name=name, job_id=job_id)
+    if rec is None:
+        raise ShardshipError(f"no job recorded for [cluster.{cl.name}]"
+                             f"{f' named {name}' if name else ''}{f' with id {job_id}' if job_id else ''}: "
+                             "`train submit` first (`train status` lists the recorded ones)")
+    for chunk in follow_log(cfg, cl, rec, lines=lines, follow=follow, accept_new_host_key=accept_new_host_key):
+        click.echo(chunk, nl=False)
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@_HOSTKEY
+@friendly_errors
+def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bool) -> None:
+    """Check the cluster by hand's rules before the first job: python and torch through your `setup`
+    lines, CUDA (a login node cannot say for the GPU nodes: it says so), modules, the scheduler's
+    commands, quota and inodes, free space for checkpoints. Exit 1 when a check fails."""
+    from shardship.errors import Exit, ShardshipError
+    from train.jobs.doctor import run_doctor
+    from train.jobs.measure import checkpoint_size
+    from train.jobs.remote import connected
+    from train.jobs.submit import job_train
+    from train.retention import peak_checkpoint_files
+
+    cfg, cl = _load(config_path, cluster)
+    train = job_train(cfg)
+    keep = int(train.get("keep", 2))
+    with connected(cl, None, accept_new_host_key) as r:
+        click.echo(f"[cluster.{cl.name}] {r.label}: {r.root}")
+        checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep))
+    for c in checks:
+        click.echo(str(c))
+    failed = [c for c in checks if c.level == "fail"]
+    if failed:
+        raise ShardshipError(f"doctor: {len(failed)} check(s) failed on [cluster.{cl.name}]: "
+                             f"{', '.join(c.what for c in failed)}", code=Exit.PARTIAL)
 
 
 @click.command()

@@ -18,6 +18,7 @@
 #$ -pe omp 4
 #$ -l gpus=1
 #$ -l gpu_c=7.0
+#$ -l mem_free=32G
 #$ -l h_rt=12:00:00
 #$ -j y
 #$ -o /projectnb/mylab/shardship/jobs/logs/

@@ -19,6 +19,7 @@
 #$ -l gpus=4
 #$ -l gpu_c=8.0
 #$ -l gpu_memory=48G
+#$ -l mem_per_core=8192M
 #$ -l h_rt=24:00:00
 #$ -j y
 #$ -o /projectnb/mylab/shardship/jobs/logs/

@@ -25,6 +25,7 @@ class JobRecord:
     out_dir: str
     data_dir: str
     submitted: str  # ISO-8601 UTC
+    global_batch: int = 0  # batch_size x ranks: samples per optimizer step (status turns samples/s into an ETA)
 
 
 def jobs_file(cfg: Config) -> Path:

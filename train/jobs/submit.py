@@ -276,7 +276,7 @@ def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, re
                               f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
         rec = JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
                         name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
-                        out_dir=spec.out_dir, data_dir=spec.data_dir,
+                        out_dir=spec.out_dir, data_dir=spec.data_dir, global_batch=spec.batch_size * spec.ranks,
                         submitted=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         append_record(jobs_file(cfg), rec)
         return SubmitResult(p, rec)

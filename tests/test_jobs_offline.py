@@ -134,3 +134,43 @@ def test_the_source_archive_is_named_by_its_content(tmp_path: Path) -> None:
     assert build_archive(copy).name == a.name
     (copy / "train" / "__init__.py").write_text("# changed\n")
     assert build_archive(copy).name != a.name
+
+
+def test_where_reads_sinfo_test_only_and_qstat() -> None:
+    from train.jobs.where import parse_qstat_gc, parse_sinfo, parse_test_only, soonest
+
+    sinfo = """gpu* a1 mixed 16/48/0/64 gpu:a100:4(S:0-1) gpu:a100:3(IDX:0-2) 512000
+gpu* a2 idle 0/64/0/64 gpu:a100:4(S:0-1) gpu:a100:0(IDX:N/A) 512000
+gpu* v1 drained 0/0/32/32 gpu:v100:2 gpu:v100:0(IDX:N/A) 192000
+cpu c1 allocated 64/0/0/64 (null) (null) 256000"""
+    pools = {(p.partition, p.gpu_type): p for p in parse_sinfo(sinfo)}
+    a100 = pools[("gpu", "a100")]
+    assert (a100.gpus_free, a100.gpus_total, a100.nodes_idle, a100.cpus_free) == (5, 8, 1, 112)
+    assert (pools[("gpu", "v100")].gpus_free, pools[("gpu", "v100")].gpus_total) == (0, 2)  # drained: none free
+    assert pools[("cpu", "")].cpus_free == 0 and "no GPUs" in str(pools[("cpu", "")])
+    assert parse_test_only("sbatch: Job 7 to start at 2026-11-23T20:29:29 using 2 processors on nodes node2 in "
+                           "partition short") == "2026-11-23T20:29:29 on node2"
+    assert parse_test_only("allocation failure: Requested node configuration is not available").startswith(
+        "cannot run here: allocation failure")
+    a100.start, pools[("cpu", "")].start = "2026-11-24T02:00:00 on a1", "2026-11-23T21:00:00 on c1"
+    assert soonest(list(pools.values())) is pools[("cpu", "")]
+    gc = """CLUSTER QUEUE                   CQLOAD   USED    RES  AVAIL  TOTAL aoACDS  cdsuE
+--------------------------------------------------------------------------------
+all.q                             0.12      1      0      1      2      0      0"""
+    [q] = parse_qstat_gc(gc)
+    assert (q.partition, q.cpus_free, q.cpus_total) == ("all.q", 1, 2) and "no start estimate" in q.start
+
+
+def test_a_jobs_time_limit_counts_from_the_job_scripts_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Imports and rendezvous before training are on the scheduler's clock too."""
+    import time
+
+    from train.cli import _from_job_start
+
+    monkeypatch.delenv("SHARDSHIP_JOB_START", raising=False)
+    assert _from_job_start("00:01:20") == "00:01:20"
+    monkeypatch.setenv("SHARDSHIP_JOB_START", str(int(time.time()) - 30))
+    assert _from_job_start("00:01:20") in ("50", "49")
+    assert _from_job_start(None) is None
+    monkeypatch.setenv("SHARDSHIP_JOB_START", str(int(time.time()) - 3600))
+    assert _from_job_start("00:01:20") == "1"

@@ -249,3 +249,57 @@ def test_doctor_on_the_login_node(site: Site) -> None:
     assert checks["space"].level == "ok" and "checkpoints need" in checks["space"].detail, text
     assert not [c for c in checks.values() if c.level == "fail"], text
     assert big.level == "fail" and "the run keeps 4 checkpoints = 400.0 MB" in big.detail, big
+
+
+def test_two_partitions_first_to_start_wins_and_is_followed(site: Site, packed: Path, tmp_path: Path) -> None:
+    """`train submit --partitions debug,short`: one copy per partition; the first to start cancels
+    the other (or the other steps aside if it started too); status, logs and fetch follow the winner."""
+    from train.jobs.fetch import fetch_results
+    from train.jobs.logs import follow_log
+    from train.jobs.race import winner
+    from train.jobs.status import job_status
+
+    remote_dir = "race"
+    wipe(site, remote_dir)
+    cluster = site.cluster(remote_dir, scheduler="slurm", gpus=0, cpus=1, mem="2G", time="00:10:00")
+    cfg = make_cfg(tmp_path, packed, cluster, steps=2, num_workers=0)
+    try:
+        with site.connect(cluster) as remote:
+            upload(remote, packed)
+            res = submit_job(cfg, cluster, remote=remote, name="race", ranks_per_node=1, partitions=("debug", "short"))
+            assert [c.partition for c in res.copies] == ["debug", "short"], res.copies
+            assert len({c.group for c in res.copies}) == 1 and "steps aside" in res.plan.script
+            states = {c.job_id: sched.finished(remote, c, f"copy {c.job_id} to end", 240) for c in res.copies}
+            won = winner(remote, res.record.out_dir)
+            assert won in states, (won, states)
+            [loser] = [c for c in res.copies if c.job_id != won]
+            [champ] = [c for c in res.copies if c.job_id == won]
+            log = read_log(remote, champ)
+            assert states[won].state == "COMPLETED" and "done: step 2/2" in log, log
+            assert f"started first, in partition {champ.partition}" in log, log
+            lost_log = read_log(remote, loser)
+            assert states[loser.job_id].state == "CANCELLED" or "steps aside" in lost_log, (states, lost_log)
+            rows = {rec.job_id: (st, prog) for rec, st, prog in job_status(cfg, cluster, remote=remote)}
+            assert "won the race" in rows[won][0].detail and rows[won][1].step == 2, rows
+            assert f"lost to {won}" in rows[loser.job_id][0].detail and rows[loser.job_id][1] is None, rows
+            text = "".join(follow_log(cfg, cluster, res.copies[-1], remote=remote))
+            assert "started first" in text, text
+            _, outcomes = fetch_results(cfg, cluster, remote=remote, name="race")
+        assert Path(champ.log).name in {o.local_path.name for o in outcomes}
+    finally:
+        wipe(site, remote_dir)
+
+
+def test_where_lists_each_partition_with_slurms_own_estimate(site: Site) -> None:
+    from train.jobs import build_spec
+    from train.jobs.where import soonest, where
+
+    cluster = site.cluster("where", scheduler="slurm", nodes=2, gpus=0, cpus=2, mem="2G", time="00:10:00")
+    with site.connect(cluster) as remote:
+        pools, _ = where(remote, "slurm", build_spec(cluster, {}, remote.root, "test"))
+    by = {p.partition: p for p in pools}
+    assert set(by) == {"debug", "short"} and (by["debug"].nodes, by["short"].nodes) == (2, 1), pools
+    assert re.match(r"\d{4}-\d\d-\d\dT\S+ on node\[1-2\]", by["debug"].start), by["debug"]
+    assert by["short"].start.startswith("cannot run here"), by["short"]  # 2 nodes asked, 1 in the partition
+    best = soonest(pools)
+    assert best is not None and best.partition == "debug"

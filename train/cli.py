@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
 
     cfg = load_config(config_path)
     where = f"{cfg.path or 'shardship.toml'} [train]"
+    overrides["time_limit"] = _from_job_start(overrides.get("time_limit"))
     tc = TrainConfig.from_dict(cfg.train, where).merged(**overrides)
     if preset:
         tc.model = {**tc.model, "preset": preset}
@@ -91,6 +93,22 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         click.echo(f"curves: {out}/loss.png, metrics: {out}/metrics.jsonl, TensorBoard: tensorboard --logdir {out}")
     if res.stopped == "SIGINT":
         sys.exit(130)  # ctrl-C: checkpointed, but the run did not finish (`train run && next` must not go on)
+
+
+def _from_job_start(limit: str | None) -> str | None:
+    """In a job, --time-limit counts from the job script's start (SHARDSHIP_JOB_START, epoch
+    seconds, exported by the script), not from this process's: imports, rendezvous and a busy
+    node can take a minute before training starts, and the scheduler's wall clock does not
+    wait for them (4 CPU ranks on 2 cores overshot a 2-minute limit by 9 s without this)."""
+    start = os.environ.get("SHARDSHIP_JOB_START", "")
+    if limit is None or not start.isdigit():
+        return limit
+    from train.config import parse_duration
+
+    secs = parse_duration(limit)
+    if secs is None:
+        return limit
+    return str(max(1, int(secs - max(0.0, time.time() - int(start)))))
 
 
 def _interrupted(out: Path) -> str:
@@ -132,7 +150,7 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
         click.echo(line)
 
 
-from train.jobs_cli import doctor, fetch, logs, status, submit  # noqa: E402  (train/jobs_cli.py: the jobs helper's)
+from train.jobs_cli import doctor, fetch, logs, status, submit, where  # noqa: E402  (train/jobs_cli.py: jobs helper)
 
-for _cmd in (submit, status, fetch, logs, doctor):
+for _cmd in (submit, status, fetch, logs, doctor, where):
     main.add_command(_cmd)

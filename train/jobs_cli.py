@@ -32,6 +32,9 @@ def _load(config_path: str | None, cluster: str | None):
                    "--set unet_dims=[32,64]. Values are TOML; the job's copy of [train] gets them.")
 @click.option("--name", default="shardship", show_default=True,
               help="Job name; also the run directory outputs/NAME on the cluster (resubmitting resumes it).")
+@click.option("--partitions", default=None, metavar="A,B",
+              help="SLURM: queue a copy in each partition; the first to start cancels the others, and status / "
+                   "logs / fetch follow it (see `train where` for the start estimates).")
 @click.option("--nproc-per-node", type=click.IntRange(1), default=None,
               help="Training processes per node for a CPU job (gpus = 0); with GPUs it is one per GPU.")
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Passed to `train run --max-steps`.")
@@ -39,7 +42,7 @@ def _load(config_path: str | None, cluster: str | None):
 @_HOSTKEY
 @friendly_errors
 def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline: bool, sets: tuple[str, ...],
-           name: str, nproc_per_node: int | None, max_steps: int | None, no_probe: bool,
+           name: str, partitions: str | None, nproc_per_node: int | None, max_steps: int | None, no_probe: bool,
            accept_new_host_key: bool) -> None:
     """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id.
 
@@ -54,7 +57,8 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
     cfg, cl = _load(config_path, cluster)
     extra = ("--max-steps", str(max_steps)) if max_steps else ()
     res = submit_job(cfg, cl, dry_run=dry_run, accept_new_host_key=accept_new_host_key, name=name,
-                     ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe, sets=sets, offline=offline)
+                     ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe, sets=sets, offline=offline,
+                     partitions=tuple(p.strip() for p in (partitions or "").split(",") if p.strip()))
     p = res.plan
     if res.offline:
         click.echo(f"offline ({res.offline}): rendered and checked without the cluster", err=True)
@@ -72,6 +76,9 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
                    err=True)
         return
     rec = res.record
+    if len(res.copies) > 1:
+        click.echo(f"submitted {len(res.copies)} copies of {rec.name}, the first to start cancels the others: "
+                   + ", ".join(f"job {c.job_id} in {c.partition}" for c in res.copies))
     click.echo(f"submitted job {rec.job_id} ({rec.name}) to [cluster.{rec.cluster}] ({rec.scheduler})")
     click.echo(f"  script:  {rec.script}")
     click.echo(f"  log:     {rec.log}")
@@ -178,3 +185,36 @@ def fetch(cluster: str | None, config_path: str | None, name: str, dest: Path | 
     for o in outcomes:
         click.echo(f"{'up to date' if o.skipped else 'fetched':>10}  {o.local_path}")
     click.echo(f"results in {where}")
+
+
+@click.command()
+@_CLUSTER
+@_CONFIG
+@click.option("--nproc-per-node", type=click.IntRange(1), default=None,
+              help="Processes per node for a CPU job, as for `train submit`.")
+@_HOSTKEY
+@friendly_errors
+def where(cluster: str | None, config_path: str | None, nproc_per_node: int | None, accept_new_host_key: bool) -> None:
+    """Where this job would start soonest: per partition (queue) and GPU type, free / total GPUs and
+    cores, and SLURM's own start estimate for this job's resources (sbatch --test-only). Then
+    `train submit --partitions a,b` to queue in several and keep the first that starts."""
+    from train.jobs.remote import connected
+    from train.jobs.submit import job_train, make_spec
+    from train.jobs.where import soonest
+    from train.jobs.where import where as pools_of
+
+    cfg, cl = _load(config_path, cluster)
+    cfg.train = job_train(cfg)
+    with connected(cl, None, accept_new_host_key) as r:
+        spec = make_spec(cfg, cl, r.root, ranks_per_node=nproc_per_node)
+        pools, extra = pools_of(r, spec.scheduler, spec)
+    click.echo(f"[cluster.{cl.name}] {spec.nodes} node(s) x {spec.cpus_per_node} cores, "
+               f"{spec.gpus_per_node} GPU(s) per node, {spec.mem} per node, {spec.walltime}:")
+    for p in pools:
+        click.echo(f"  {p}")
+    if extra:
+        click.echo(extra)
+    best = soonest(pools)
+    if best is not None:
+        click.echo(f"soonest: {best.partition} ({best.start}); several at once: "
+                   f"train submit --partitions {','.join(sorted({p.partition for p in pools}))}")

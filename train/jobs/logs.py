@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardship.config import ClusterConfig, Config
+from train.jobs.race import follow as follow_winner
 from train.jobs.records import JobRecord, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.status import ACTIVE, query_state
@@ -37,6 +38,8 @@ def follow_log(cfg: Config, cluster: ClusterConfig, rec: JobRecord, *, lines: in
                remote: Any = None, accept_new_host_key: bool = False, poll_s: float = POLL_S) -> Iterator[str]:
     """The last `lines` lines, then (follow) what the job appends until it leaves the queue."""
     with connected(cluster, remote, accept_new_host_key) as r:
+        if rec.group:  # with --partitions: the copy that won
+            rec = follow_winner(r, [x for x in load_records(jobs_file(cfg)) if x.group == rec.group])
         if not r.exists(rec.log):
             st = query_state(r, rec.scheduler, rec.job_id)
             yield f"no log yet at {rec.log} (job {rec.job_id} is {st.state.lower()})\n"

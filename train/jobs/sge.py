@@ -80,6 +80,7 @@ def render(spec: JobSpec) -> str:
                  'started $(date -Is)"')
     lines.append("")
     lines.append("start=$(date +%s)")
+    lines.append('export SHARDSHIP_JOB_START="$start"  # the trainer\'s --time-limit counts from here')
     lines.append("set +e")
     if spec.uses_torchrun:
         lines.append(f"# {spec.ranks_per_node} processes on this node, one per GPU (torchrun sets RANK/LOCAL_RANK)")

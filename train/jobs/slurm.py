@@ -99,6 +99,10 @@ def render(spec: JobSpec) -> str:
     lines.append(f"{s} --signal=B:USR1@{spec.stop_before_s}")
     lines.append("")
     lines += setup_block(spec)
+    if len(spec.partitions) > 1:
+        from train.jobs.race import guard_lines
+
+        lines += guard_lines(spec)
     lines.append('echo "shardship: job $SLURM_JOB_ID ($SLURM_JOB_NAME) restart ${SLURM_RESTART_COUNT:-0} '
                  'on $SLURM_JOB_NODELIST, started $(date -Is)"')
     lines.append("")
@@ -107,6 +111,7 @@ def render(spec: JobSpec) -> str:
     lines.append("requeue=0")
     lines.append("trap 'requeue=1; echo \"shardship: USR1 from SLURM: the wall clock is near\"' USR1")
     lines.append("start=$(date +%s)")
+    lines.append('export SHARDSHIP_JOB_START="$start"  # the trainer\'s --time-limit counts from here')
     lines.append("set +e")
     if spec.nodes > 1:
         launch = multinode_launch(spec)

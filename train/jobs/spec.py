@@ -51,6 +51,7 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     train_args: tuple[str, ...] = ()  # extra `train run` arguments, e.g. ("--max-steps", "100")
     stop_before_s: int = DEFAULT_STOP_BEFORE_S
+    partitions: tuple[str, ...] = ()  # `--partitions a,b`: copies race, the first to start wins (race.py)
     code_dir: str | None = None  # shipped shardship source (train/jobs/ship.py), first on PYTHONPATH
     # site-specific pass-through keys (gpu_c, gpu_type, gpu_memory, gres, constraint,
     # partition, queue, account, project) are read from the cluster config as given
@@ -166,6 +167,7 @@ def build_spec(
     train_args: tuple[str, ...] = (),
     code_dir: str | None = None,
     train_where: str = "[train]",
+    partitions: tuple[str, ...] = (),
 ) -> JobSpec:
     """JobSpec for `cluster` with the run's files under `remote_root` (absolute).
 
@@ -232,6 +234,7 @@ def build_spec(
         train_args=tuple(train_args),
         stop_before_s=stop_before,
         code_dir=code_dir,
+        partitions=tuple(partitions),
         cluster=cluster,
     )
 

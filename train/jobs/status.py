@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardship.config import ClusterConfig, Config
+from train.jobs.race import winner
 from train.jobs.records import JobRecord, jobs_file, load_records
 from train.jobs.remote import connected
 
@@ -197,4 +198,15 @@ def job_status(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, job_i
     if not recs:
         return []
     with connected(cluster, remote, accept_new_host_key) as r:
-        return [(rec, query_state(r, rec.scheduler, rec.job_id), job_progress(r, rec)) for rec in recs]
+        out: list[tuple[JobRecord, JobState, Progress | None]] = []
+        for rec in recs:
+            st = query_state(r, rec.scheduler, rec.job_id)
+            if rec.group:
+                won = winner(r, rec.out_dir)
+                mark = ("won the race" if won == rec.job_id else f"lost to {won}" if won else "racing")
+                st.detail = f"{rec.partition}, {mark}" + (f"; {st.detail}" if st.detail else "")
+                if won and won != rec.job_id:  # a cancelled copy: the winner's metrics are not its own
+                    out.append((rec, st, None))
+                    continue
+            out.append((rec, st, job_progress(r, rec)))
+        return out

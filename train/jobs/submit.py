@@ -24,6 +24,7 @@ from train.jobs import checks, measure, render
 from train.jobs import log_path as job_log_path
 from train.jobs.common import comment
 from train.jobs.overrides import apply_sets, check_shapes
+from train.jobs.race import check_partitions, submit_copies
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
 from train.jobs.ship import CodeArchive, build_archive, ship
@@ -95,10 +96,11 @@ def source_of(cfg: Config, cluster: ClusterConfig) -> str:
 
 def make_spec(cfg: Config, cluster: ClusterConfig, remote_root: str, *, name: str = "shardship",
               ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
-              train_args: tuple[str, ...] = (), code_dir: str | None = None) -> JobSpec:
+              train_args: tuple[str, ...] = (), code_dir: str | None = None,
+              partitions: tuple[str, ...] = ()) -> JobSpec:
     return build_spec(cluster, cfg.train, remote_root, source_of(cfg, cluster), name=name,
                       ranks_per_node=ranks_per_node, stop_before_s=stop_before_s, train_args=train_args,
-                      code_dir=code_dir, train_where=f"{cfg.path or DEFAULT_CONFIG} [train]")
+                      code_dir=code_dir, train_where=f"{cfg.path or DEFAULT_CONFIG} [train]", partitions=partitions)
 
 
 OFFLINE = "not checked (offline)"
@@ -202,13 +204,16 @@ def job_train(cfg: Config, sets: tuple[str, ...] = ()) -> dict[str, Any]:
 def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str = "shardship",
          ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
          train_args: tuple[str, ...] = (), probe: bool = True, bench_csv: Path = measure.LOADER_CSV,
-         sets: tuple[str, ...] = ()) -> Plan:
+         sets: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Plan:
     """Spec, script, TOML and checks; `remote` None plans offline (see run_checks)."""
     cfg = dataclasses.replace(cfg, train=job_train(cfg, sets))
     root, root_note = (remote.root, None) if remote is not None else offline_root(cluster)
     code = build_archive() if cluster.ship_code else None
     spec = make_spec(cfg, cluster, root, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
-                     train_args=train_args, code_dir=code.remote_dir(root) if code else None)
+                     train_args=train_args, code_dir=code.remote_dir(root) if code else None,
+                     partitions=partitions)
+    if len(partitions) > 1:
+        check_partitions(spec)
     script = render(spec)
     toml = train_toml(cfg.train, source_of(cfg, cluster))
     findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
@@ -225,6 +230,7 @@ class SubmitResult:
     plan: Plan
     record: JobRecord | None  # None for a dry run
     offline: str | None = None  # a dry run without the cluster: why (the connection error, or --offline)
+    copies: list[JobRecord] = field(default_factory=list)  # every copy queued (one unless --partitions)
 
 
 def _connection(cluster: ClusterConfig, remote: Any, accept_new_host_key: bool, dry_run: bool, offline: bool,
@@ -249,14 +255,15 @@ def _connection(cluster: ClusterConfig, remote: Any, accept_new_host_key: bool, 
 def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, remote: Any = None,
                accept_new_host_key: bool = False, name: str = "shardship", ranks_per_node: int | None = None,
                stop_before_s: int = DEFAULT_STOP_BEFORE_S, train_args: tuple[str, ...] = (), probe: bool = True,
-               bench_csv: Path = measure.LOADER_CSV, sets: tuple[str, ...] = (), offline: bool = False) -> SubmitResult:
+               bench_csv: Path = measure.LOADER_CSV, sets: tuple[str, ...] = (), offline: bool = False,
+               partitions: tuple[str, ...] = ()) -> SubmitResult:
     """Plan, check, write, submit, record. A dry run returns the plan (findings
     included) without writing anything on the remote; offline when the cluster
     cannot be reached (or `offline`), with the cluster-side checks "not checked"."""
     with contextlib.ExitStack() as stack:
         r, why_offline = _connection(cluster, remote, accept_new_host_key, dry_run, offline, stack)
         p = plan(cfg, cluster, r, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
-                 train_args=train_args, probe=probe, bench_csv=bench_csv, sets=sets)
+                 train_args=train_args, probe=probe, bench_csv=bench_csv, sets=sets, partitions=partitions)
         if dry_run or r is None:
             return SubmitResult(p, None, why_offline)
         spec = p.spec
@@ -268,18 +275,27 @@ def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, re
         r.mkdir(spec.out_dir)
         r.write_file(spec.config_path, p.train_toml.encode())
         r.write_file(spec.script_path, p.script.encode())
-        res = r.run(submit_argv(spec), cwd=posixpath.dirname(spec.script_path), timeout=120)
-        res.check(submit_argv(spec)[0])
-        job_id = parse_job_id(res.stdout)
-        if job_id is None:
-            raise RemoteError(f"{r.label}: `{submit_argv(spec)[0]}` printed no job id: "
-                              f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
-        rec = JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
-                        name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
-                        out_dir=spec.out_dir, data_dir=spec.data_dir, global_batch=spec.batch_size * spec.ranks,
-                        submitted=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        append_record(jobs_file(cfg), rec)
-        return SubmitResult(p, rec)
+        copies = submit_copies(r, spec, parse_job_id) if len(spec.partitions) > 1 else [(_sbatch(r, spec), "")]
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        recs = [JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
+                          name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
+                          out_dir=spec.out_dir, data_dir=spec.data_dir, global_batch=spec.batch_size * spec.ranks,
+                          submitted=now, partition=part, group=copies[0][0] if part else "")
+                for job_id, part in copies]
+        for rec in recs:
+            append_record(jobs_file(cfg), rec)
+        return SubmitResult(p, recs[0], copies=recs)
+
+
+def _sbatch(r: Any, spec: JobSpec) -> str:
+    """Submit the one script; its job id."""
+    res = r.run(submit_argv(spec), cwd=posixpath.dirname(spec.script_path), timeout=120)
+    res.check(submit_argv(spec)[0])
+    job_id = parse_job_id(res.stdout)
+    if job_id is None:
+        raise RemoteError(f"{r.label}: `{submit_argv(spec)[0]}` printed no job id: "
+                          f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
+    return job_id
 
 
 def _refuse_if_active(cfg: Config, cluster: ClusterConfig, remote: Any, spec: JobSpec) -> None:

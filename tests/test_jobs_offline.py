@@ -168,9 +168,12 @@ def test_a_jobs_time_limit_counts_from_the_job_scripts_start(monkeypatch: pytest
     from train.cli import _from_job_start
 
     monkeypatch.delenv("SHARDSHIP_JOB_START", raising=False)
+    monkeypatch.setenv("RANK", "0")
     assert _from_job_start("00:01:20") == "00:01:20"
     monkeypatch.setenv("SHARDSHIP_JOB_START", str(int(time.time()) - 30))
     assert _from_job_start("00:01:20") in ("50", "49")
     assert _from_job_start(None) is None
+    monkeypatch.setenv("RANK", "3")  # the others stop at the same window: rank 0 reports the time limit
+    assert _from_job_start("00:01:20") in ("52", "51")
     monkeypatch.setenv("SHARDSHIP_JOB_START", str(int(time.time()) - 3600))
     assert _from_job_start("00:01:20") == "1"

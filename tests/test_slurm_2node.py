@@ -303,3 +303,47 @@ def test_where_lists_each_partition_with_slurms_own_estimate(site: Site) -> None
     assert by["short"].start.startswith("cannot run here"), by["short"]  # 2 nodes asked, 1 in the partition
     best = soonest(pools)
     assert best is not None and best.partition == "debug"
+
+
+DDP_SCRIPT = '''import os, socket, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t)
+assert t.item() == w * (w + 1) / 2, t
+with open(os.path.join(os.environ["SHARDSHIP_OUT"], f"rank{r}.done"), "w") as f:
+    f.write(socket.gethostname())
+print(f"plain ddp: rank {r}/{w} on {socket.gethostname()} sum {t.item():.0f}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_someone_elses_ddp_script_runs_on_both_nodes(site: Site, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train submit --command "python ddp_plain.py"`: not shardship's trainer, the same launch
+    (srun, one torchrun per node, c10d on node1) and checks; all 4 ranks finish."""
+    remote_dir = "foreign"
+    wipe(site, remote_dir)
+    (tmp_path / "ddp_plain.py").write_text(DDP_SCRIPT)
+    monkeypatch.chdir(tmp_path)  # the local copy the checks read
+    cluster = site.cluster(remote_dir, scheduler="slurm", nodes=2, gpus=0, cpus=2, mem="2G", time="00:10:00")
+    cfg = make_cfg(tmp_path, tmp_path, cluster, num_workers=0)
+    try:
+        with site.connect(cluster) as remote:
+            remote.mkdir("")
+            remote.write_file("ddp_plain.py", DDP_SCRIPT.encode())
+            res = submit_job(cfg, cluster, remote=remote, name="plain", ranks_per_node=2,
+                             command="python ddp_plain.py")
+            rec = res.record
+            assert rec is not None and not res.plan.findings, res.plan.findings
+            assert "torchrun --nnodes \"$SLURM_NNODES\" --nproc_per_node 2" in res.plan.script
+            assert "ddp_plain.py &" in res.plan.script and "train run" not in res.plan.script
+            st = sched.finished(remote, rec, "the plain DDP job to finish", 240)
+            log = read_log(remote, rec)
+            assert st.state == "COMPLETED", f"{st}\n{log}"
+            ranks = re.findall(r"plain ddp: rank (\d)/4 on (node\d) sum 10", log)
+            assert sorted(r for r, _ in ranks) == ["0", "1", "2", "3"], log
+            assert {n for _, n in ranks} == {"node1", "node2"}, log
+        assert len(list((site.home / remote_dir / "outputs" / "plain").glob("rank*.done"))) == 4
+    finally:
+        wipe(site, remote_dir)

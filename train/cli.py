@@ -108,7 +108,10 @@ def _from_job_start(limit: str | None) -> str | None:
     secs = parse_duration(limit)
     if secs is None:
         return limit
-    return str(max(1, int(secs - max(0.0, time.time() - int(start)))))
+    # the other ranks' limit is 2 s later, so rank 0 (the one that reports) is always among those
+    # past it when the ranks agree to stop, and says "time limit", not "another rank was signalled"
+    later = 0 if _is_main() else 2
+    return str(max(1, int(secs - max(0.0, time.time() - int(start))) + later))
 
 
 def _interrupted(out: Path) -> str:

@@ -37,13 +37,21 @@ def _load(config_path: str | None, cluster: str | None):
                    "logs / fetch follow it (see `train where` for the start estimates).")
 @click.option("--nproc-per-node", type=click.IntRange(1), default=None,
               help="Training processes per node for a CPU job (gpus = 0); with GPUs it is one per GPU.")
+@click.option("--command", default=None, metavar='"python train.py ..."',
+              help="Run your own training script instead of shardship's trainer, given as for ONE process; the job "
+                   "adds torchrun / srun for the nodes and ranks, with the same RAM / CPU checks and requeue. Paths "
+                   "are relative to the remote directory; SHARDSHIP_DATA / SHARDSHIP_OUT / SHARDSHIP_TIME_LIMIT "
+                   "are set.")
+@click.option("--launcher", type=click.Choice(["auto", "torchrun", "lightning"]), default="auto", show_default=True,
+              help="--command: torchrun (one task per node) or Lightning's SLURM contract (one task per rank, "
+                   "srun python); auto reads the script for a lightning import.")
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Passed to `train run --max-steps`.")
 @click.option("--no-probe", is_flag=True, help="Do not measure a DataLoader worker locally for the RAM check.")
 @_HOSTKEY
 @friendly_errors
 def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline: bool, sets: tuple[str, ...],
-           name: str, partitions: str | None, nproc_per_node: int | None, max_steps: int | None, no_probe: bool,
-           accept_new_host_key: bool) -> None:
+           name: str, partitions: str | None, nproc_per_node: int | None, command: str | None, launcher: str,
+           max_steps: int | None, no_probe: bool, accept_new_host_key: bool) -> None:
     """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id.
 
     Before anything is submitted: data workers x ranks x measured worker RSS against one
@@ -58,7 +66,8 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
     extra = ("--max-steps", str(max_steps)) if max_steps else ()
     res = submit_job(cfg, cl, dry_run=dry_run, accept_new_host_key=accept_new_host_key, name=name,
                      ranks_per_node=nproc_per_node, train_args=extra, probe=not no_probe, sets=sets, offline=offline,
-                     partitions=tuple(p.strip() for p in (partitions or "").split(",") if p.strip()))
+                     partitions=tuple(p.strip() for p in (partitions or "").split(",") if p.strip()),
+                     command=command, launcher=launcher)
     p = res.plan
     if res.offline:
         click.echo(f"offline ({res.offline}): rendered and checked without the cluster", err=True)

@@ -23,6 +23,7 @@ from train.jobs.common import (
     fresh_checkpoint_test,
     header,
     launch_line,
+    q,
     setup_block,
     train_lines,
     wait_loop,
@@ -79,13 +80,13 @@ def render(spec: JobSpec) -> str:
         lines.append(f"{s} --account={d(spec.cluster.account, 'account')}")
     if spec.cluster.partition:
         lines.append(f"{s} --partition={d(spec.cluster.partition, 'partition')}")
-    if spec.nodes == 1:
-        lines.append(f"{s} --nodes=1")
-        lines.append(f"{s} --ntasks=1")
+    lines.append(f"{s} --nodes={spec.nodes}")
+    if spec.launcher == "lightning":  # Lightning's SLURM contract: one task per rank, devices x num_nodes
+        lines.append(f"{s} --ntasks-per-node={spec.ranks_per_node}")
+        lines.append(f"{s} --cpus-per-task={spec.cpus_per_rank}")
     else:
-        lines.append(f"{s} --nodes={spec.nodes}")
-        lines.append(f"{s} --ntasks-per-node=1")
-    lines.append(f"{s} --cpus-per-task={spec.cpus_per_node}")
+        lines.append(f"{s} --ntasks=1" if spec.nodes == 1 else f"{s} --ntasks-per-node=1")
+        lines.append(f"{s} --cpus-per-task={spec.cpus_per_node}")
     lines.append(f"{s} --mem={slurm_mem(spec.mem)}")
     g = gres(spec)
     if g:
@@ -113,7 +114,11 @@ def render(spec: JobSpec) -> str:
     lines.append("start=$(date +%s)")
     lines.append('export SHARDSHIP_JOB_START="$start"  # the trainer\'s --time-limit counts from here')
     lines.append("set +e")
-    if spec.nodes > 1:
+    if spec.launcher == "lightning":
+        lines.append("# Lightning: srun starts every rank (SLURM_PROCID / SLURM_LOCALID), Trainer reads them")
+        lines.append(continued(f'srun --kill-on-bad-exit=1 --cpus-per-task "$SLURM_CPUS_PER_TASK" {q(spec.python)}',
+                               *train_lines(spec, "")) + " &")
+    elif spec.nodes > 1:
         launch = multinode_launch(spec)
         lines += launch[:-1]
         lines.append(launch[-1] + " &")

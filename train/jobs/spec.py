@@ -51,6 +51,8 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     train_args: tuple[str, ...] = ()  # extra `train run` arguments, e.g. ("--max-steps", "100")
     stop_before_s: int = DEFAULT_STOP_BEFORE_S
+    command: tuple[str, ...] = ()  # `--command`: someone else's script instead of `train run` (foreign.py)
+    launcher: str = "torchrun"  # "torchrun" | "lightning" (R tasks per node, srun python; foreign.py)
     partitions: tuple[str, ...] = ()  # `--partitions a,b`: copies race, the first to start wins (race.py)
     code_dir: str | None = None  # shipped shardship source (train/jobs/ship.py), first on PYTHONPATH
     # site-specific pass-through keys (gpu_c, gpu_type, gpu_memory, gres, constraint,
@@ -71,7 +73,7 @@ class JobSpec:
 
     @property
     def uses_torchrun(self) -> bool:
-        return self.ranks > 1
+        return self.ranks > 1 and self.launcher != "lightning"
 
     @property
     def walltime(self) -> str:
@@ -168,6 +170,8 @@ def build_spec(
     code_dir: str | None = None,
     train_where: str = "[train]",
     partitions: tuple[str, ...] = (),
+    command: tuple[str, ...] = (),
+    launcher: str = "torchrun",
 ) -> JobSpec:
     """JobSpec for `cluster` with the run's files under `remote_root` (absolute).
 
@@ -234,7 +238,7 @@ def build_spec(
         train_args=tuple(train_args),
         stop_before_s=stop_before,
         code_dir=code_dir,
-        partitions=tuple(partitions),
+        partitions=tuple(partitions), command=tuple(command), launcher=launcher,
         cluster=cluster,
     )
 

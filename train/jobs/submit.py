@@ -20,7 +20,7 @@ from shardship.config import DEFAULT_CONFIG, ClusterConfig, Config
 from shardship.errors import RemoteError, ShardshipError
 from shardship.format import index as fmt
 from shardship.units import parse_size
-from train.jobs import checks, measure, render
+from train.jobs import checks, foreign, measure, render
 from train.jobs import log_path as job_log_path
 from train.jobs.common import comment
 from train.jobs.overrides import apply_sets, check_shapes
@@ -97,10 +97,11 @@ def source_of(cfg: Config, cluster: ClusterConfig) -> str:
 def make_spec(cfg: Config, cluster: ClusterConfig, remote_root: str, *, name: str = "shardship",
               ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
               train_args: tuple[str, ...] = (), code_dir: str | None = None,
-              partitions: tuple[str, ...] = ()) -> JobSpec:
+              partitions: tuple[str, ...] = (), command: tuple[str, ...] = (), launcher: str = "torchrun") -> JobSpec:
     return build_spec(cluster, cfg.train, remote_root, source_of(cfg, cluster), name=name,
                       ranks_per_node=ranks_per_node, stop_before_s=stop_before_s, train_args=train_args,
-                      code_dir=code_dir, train_where=f"{cfg.path or DEFAULT_CONFIG} [train]", partitions=partitions)
+                      code_dir=code_dir, train_where=f"{cfg.path or DEFAULT_CONFIG} [train]", partitions=partitions,
+                      command=command, launcher=launcher)
 
 
 OFFLINE = "not checked (offline)"
@@ -137,6 +138,20 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any |
         notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {peak_checkpoint_files(spec.keep)}; "
                      f"{'unknown' if headroom is None else f'{headroom / 2**20:.0f} MiB'} free ({src})")
         findings += checks.check_quota(spec, ckpt, headroom, limit, src, existing)
+    return findings, notes
+
+
+def foreign_checks(spec: JobSpec, script_text: str | None) -> tuple[list[checks.Finding], list[str]]:
+    """The checks that hold for any training: workers x ranks x RSS vs one node's memory (the
+    default per-worker RSS: another loader is not measured), cores per rank, the launch contract."""
+    rss = checks.DEFAULT_WORKER_RSS
+    findings = checks.check_memory(spec, rss, "default: your script's DataLoader is not measured")
+    findings += checks.check_cpus(spec)
+    findings += foreign.check_command(spec, script_text)
+    notes = [f"command: {' '.join(spec.command)} launched by {spec.launcher} on {spec.nodes} node(s) x "
+             f"{spec.ranks_per_node} rank(s); [train] num_workers = {spec.num_workers} taken as its DataLoader "
+             "workers per rank (--set num_workers=N)",
+             "data, checkpoint interval and quota: not checked (the script's own)"]
     return findings, notes
 
 
@@ -204,19 +219,28 @@ def job_train(cfg: Config, sets: tuple[str, ...] = ()) -> dict[str, Any]:
 def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str = "shardship",
          ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
          train_args: tuple[str, ...] = (), probe: bool = True, bench_csv: Path = measure.LOADER_CSV,
-         sets: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Plan:
-    """Spec, script, TOML and checks; `remote` None plans offline (see run_checks)."""
+         sets: tuple[str, ...] = (), partitions: tuple[str, ...] = (), command: str | None = None,
+         launcher: str = "auto") -> Plan:
+    """Spec, script, TOML and checks; `remote` None plans offline (see run_checks); `command`
+    is someone else's training instead of `train run` (foreign.py)."""
     cfg = dataclasses.replace(cfg, train=job_train(cfg, sets))
     root, root_note = (remote.root, None) if remote is not None else offline_root(cluster)
-    code = build_archive() if cluster.ship_code else None
+    words = foreign.parse_command(command) if command else ()
+    local_script = foreign.script_file(words) if words else None
+    script_text = local_script.read_text(errors="replace") if local_script else None
+    code = build_archive() if cluster.ship_code and not words else None
     spec = make_spec(cfg, cluster, root, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
                      train_args=train_args, code_dir=code.remote_dir(root) if code else None,
-                     partitions=partitions)
+                     partitions=partitions, command=words,
+                     launcher=foreign.pick_launcher(launcher, script_text) if words else "torchrun")
     if len(partitions) > 1:
         check_partitions(spec)
     script = render(spec)
     toml = train_toml(cfg.train, source_of(cfg, cluster))
-    findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
+    if words:
+        findings, notes = foreign_checks(spec, script_text)
+    else:
+        findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
     if root_note:
         notes.insert(0, root_note)
     if code:
@@ -256,14 +280,15 @@ def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, re
                accept_new_host_key: bool = False, name: str = "shardship", ranks_per_node: int | None = None,
                stop_before_s: int = DEFAULT_STOP_BEFORE_S, train_args: tuple[str, ...] = (), probe: bool = True,
                bench_csv: Path = measure.LOADER_CSV, sets: tuple[str, ...] = (), offline: bool = False,
-               partitions: tuple[str, ...] = ()) -> SubmitResult:
+               partitions: tuple[str, ...] = (), command: str | None = None, launcher: str = "auto") -> SubmitResult:
     """Plan, check, write, submit, record. A dry run returns the plan (findings
     included) without writing anything on the remote; offline when the cluster
     cannot be reached (or `offline`), with the cluster-side checks "not checked"."""
     with contextlib.ExitStack() as stack:
         r, why_offline = _connection(cluster, remote, accept_new_host_key, dry_run, offline, stack)
         p = plan(cfg, cluster, r, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
-                 train_args=train_args, probe=probe, bench_csv=bench_csv, sets=sets, partitions=partitions)
+                 train_args=train_args, probe=probe, bench_csv=bench_csv, sets=sets, partitions=partitions,
+                 command=command, launcher=launcher)
         if dry_run or r is None:
             return SubmitResult(p, None, why_offline)
         spec = p.spec

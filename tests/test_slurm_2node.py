@@ -326,7 +326,7 @@ def test_someone_elses_ddp_script_runs_on_both_nodes(site: Site, tmp_path: Path,
     wipe(site, remote_dir)
     (tmp_path / "ddp_plain.py").write_text(DDP_SCRIPT)
     monkeypatch.chdir(tmp_path)  # the local copy the checks read
-    cluster = site.cluster(remote_dir, scheduler="slurm", nodes=2, gpus=0, cpus=2, mem="2G", time="00:10:00")
+    cluster = site.cluster(remote_dir, scheduler="slurm", nodes=2, gpus=0, cpus=2, mem="3G", time="00:10:00")
     cfg = make_cfg(tmp_path, tmp_path, cluster, num_workers=0)
     try:
         with site.connect(cluster) as remote:

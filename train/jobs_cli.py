@@ -102,7 +102,8 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
 @_HOSTKEY
 @friendly_errors
 def status(cluster: str | None, config_path: str | None, job_id: str | None, accept_new_host_key: bool) -> None:
-    """State of the jobs `train submit` recorded (qstat/qacct or scontrol/squeue)."""
+    """State of the jobs `train submit` recorded (qstat/qacct or scontrol/squeue), with the run's
+    step, loss, samples/s and ETA from its metrics.jsonl."""
     from train.jobs.records import jobs_file
     from train.jobs.status import job_status
 
@@ -152,9 +153,9 @@ def logs(cluster: str | None, config_path: str | None, name: str | None, job_id:
 @_HOSTKEY
 @friendly_errors
 def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bool) -> None:
-    """Check the cluster by hand's rules before the first job: python and torch through your `setup`
-    lines, CUDA (a login node cannot say for the GPU nodes: it says so), modules, the scheduler's
-    commands, quota and inodes, free space for checkpoints. Exit 1 when a check fails."""
+    """Check the login node as you would by hand before a first job: python and torch through your
+    `setup` lines, CUDA (a login node cannot say for the GPU nodes: it says so), modules, the
+    scheduler's commands, quota and inodes, free space for checkpoints. Exit 1 when a check fails."""
     from shardship.errors import Exit, ShardshipError
     from train.jobs.doctor import run_doctor
     from train.jobs.measure import checkpoint_size

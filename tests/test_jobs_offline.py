@@ -177,3 +177,35 @@ def test_a_jobs_time_limit_counts_from_the_job_scripts_start(monkeypatch: pytest
     assert _from_job_start("00:01:20") in ("52", "51")
     monkeypatch.setenv("SHARDSHIP_JOB_START", str(int(time.time()) - 3600))
     assert _from_job_start("00:01:20") == "1"
+
+
+def test_partitions_offline(tmp_path: Path) -> None:
+    """One partition is the partition; several are copies that race (SLURM only)."""
+    one = _submit(tmp_path, "--dry-run", "--offline", "--partitions", "gpu")
+    assert one.exit_code == 0 and "#SBATCH --partition=gpu\n" in one.stdout and "steps aside" not in one.stdout
+    two = _submit(tmp_path, "--dry-run", "--offline", "--partitions", "gpu,gpu-preempt")
+    assert two.exit_code == 0, two.output
+    assert "mkdir /home/alice/shardship/outputs/shardship/.shardship-winner.lock" in two.stdout
+    assert "a copy to each of gpu, gpu-preempt" in two.stderr
+    sge = _submit(tmp_path, "--dry-run", "--offline", "--partitions", "a,b",
+                  config=CONFIG.replace('"slurm"', '"sge"').replace("nodes = 2", "nodes = 1"))
+    assert sge.exit_code == 2 and "several partitions at once are for SLURM" in sge.stderr, sge.output
+    bad = _submit(tmp_path, "--dry-run", "--offline", "--partitions", "a,b c")
+    assert bad.exit_code == 2 and "partition" in bad.stderr, bad.output
+
+
+def test_command_checks_the_launch_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fit.py").write_text("import lightning as L\nL.Trainer(devices=4, num_nodes=2).fit()\n")
+    (tmp_path / "alone.py").write_text("import torch\nprint(torch.ones(1))\n")
+    ok = _submit(tmp_path, "--dry-run", "--offline", "--command", "python fit.py --epochs 3")
+    assert ok.exit_code == 0, ok.output
+    assert "#SBATCH --ntasks-per-node=4\n#SBATCH --cpus-per-task=4\n" in ok.stdout
+    assert "srun --kill-on-bad-exit=1" in ok.stdout and "torchrun" not in ok.stdout and "train run" not in ok.stdout
+    alone = _submit(tmp_path, "--dry-run", "--offline", "--command", "python alone.py")
+    assert alone.exit_code == 0 and "never calls init_process_group" in alone.stderr, alone.output
+    assert 'torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 4' in alone.stdout
+    for cmd, words in (("torchrun alone.py", "for ONE process"), ("bash x.sh", "start it with python"),
+                       ("python", "name the script")):
+        r = _submit(tmp_path, "--dry-run", "--offline", "--command", cmd)
+        assert r.exit_code == 2 and words in r.stderr, r.output

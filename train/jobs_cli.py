@@ -81,8 +81,9 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
         errs = checks.errors(p.findings)
         if errs:
             raise ShardshipError(f"dry run: `train submit` would refuse this job ({len(errs)} check(s) failed)")
-        click.echo(f"dry run: script for {p.spec.scheduler} would go to {p.spec.script_path}; nothing submitted",
-                   err=True)
+        copies = f" (a copy to each of {', '.join(p.spec.partitions)})" if p.spec.partitions else ""
+        click.echo(f"dry run: script for {p.spec.scheduler} would go to {p.spec.script_path}{copies}; "
+                   "nothing submitted", err=True)
         return
     rec = res.record
     if len(res.copies) > 1:
@@ -164,8 +165,10 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
     from train.retention import peak_checkpoint_files
 
     cfg, cl = _load(config_path, cluster)
+    from train.jobs.spec import train_settings
+
     train = job_train(cfg)
-    keep = int(train.get("keep", 2))
+    keep = train_settings(train)["keep"]
     with connected(cl, None, accept_new_host_key) as r:
         click.echo(f"[cluster.{cl.name}] {r.label}: {r.root}")
         checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep))

@@ -224,6 +224,8 @@ def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str =
     """Spec, script, TOML and checks; `remote` None plans offline (see run_checks); `command`
     is someone else's training instead of `train run` (foreign.py)."""
     cfg = dataclasses.replace(cfg, train=job_train(cfg, sets))
+    if len(partitions) == 1:  # one partition is no race: it is the partition
+        cluster, partitions = dataclasses.replace(cluster, partition=partitions[0]), ()
     root, root_note = (remote.root, None) if remote is not None else offline_root(cluster)
     words = foreign.parse_command(command) if command else ()
     local_script = foreign.script_file(words) if words else None

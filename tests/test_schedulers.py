@@ -425,7 +425,8 @@ def test_ram_check_refuses_16_ranks_x_8_workers_on_this_node(scheduler: str, sit
                                                              tmp_path: Path) -> None:
     remote_dir = f"ram-{scheduler}"
     wipe(site, remote_dir)
-    node_gib = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    node_gib = (int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30) if scheduler == "sge" else  # one
+                max(int(m) for m in _ok(["sinfo", "-h", "-N", "-o", "%m"]).split()) // 1024)  # node as SLURM has it
     cluster = site.cluster(remote_dir, scheduler=scheduler, gpus=0, cpus=16, mem=f"{node_gib}G", time="01:00:00")
     cfg = make_cfg(tmp_path, packed, cluster, num_workers=8)
     try:

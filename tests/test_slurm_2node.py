@@ -322,6 +322,8 @@ def test_someone_elses_ddp_script_runs_on_both_nodes(site: Site, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """`train submit --command "python ddp_plain.py"`: not shardship's trainer, the same launch
     (srun, one torchrun per node, c10d on node1) and checks; all 4 ranks finish."""
+    from train.jobs.logs import follow_log
+
     remote_dir = "foreign"
     wipe(site, remote_dir)
     (tmp_path / "ddp_plain.py").write_text(DDP_SCRIPT)
@@ -338,9 +340,12 @@ def test_someone_elses_ddp_script_runs_on_both_nodes(site: Site, tmp_path: Path,
             assert rec is not None and not res.plan.findings, res.plan.findings
             assert "torchrun --nnodes \"$SLURM_NNODES\" --nproc_per_node 2" in res.plan.script
             assert "ddp_plain.py &" in res.plan.script and "train run" not in res.plan.script
+            # `train logs --follow`: streams the log until the job leaves the queue
+            followed = "".join(follow_log(cfg, cluster, rec, remote=remote, follow=True, poll_s=2))
             st = sched.finished(remote, rec, "the plain DDP job to finish", 240)
             log = read_log(remote, rec)
             assert st.state == "COMPLETED", f"{st}\n{log}"
+            assert followed.count("plain ddp: rank") == 4 and "training exited with status 0" in followed, followed
             ranks = re.findall(r"plain ddp: rank (\d)/4 on (node\d) sum 10", log)
             assert sorted(r for r, _ in ranks) == ["0", "1", "2", "3"], log
             assert {n for _, n in ranks} == {"node1", "node2"}, log

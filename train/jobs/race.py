@@ -61,9 +61,9 @@ def submit_copies(remote: Any, spec: JobSpec, parse_job_id: Any) -> list[tuple[s
     """sbatch one copy per partition; [(job id, partition)]. A failed sbatch cancels the copies
     already queued, so no half group is left behind."""
     done: list[tuple[str, str]] = []
-    for rm in (remote.run(["rm", "-rf", winner_path(spec.out_dir) + ".lock", winner_path(spec.out_dir),
-                           siblings_path(spec)], timeout=60),):
-        rm.check("rm")
+    # a previous race of this run name must not decide this one
+    remote.run(["rm", "-rf", winner_path(spec.out_dir) + ".lock", winner_path(spec.out_dir), siblings_path(spec)],
+               timeout=60).check("rm")
     for part in check_partitions(spec):
         argv = ["sbatch", f"--partition={part}", spec.script_path]
         res = remote.run(argv, cwd=posixpath.dirname(spec.script_path), timeout=120)
@@ -93,6 +93,8 @@ def winner(remote: Any, out_dir: str) -> str | None:
     """The job id that won the race for `out_dir`, once one has started."""
     path = winner_path(out_dir)
     try:
-        return remote.read_file(path).decode().strip() or None if remote.exists(path) else None
+        if not remote.exists(path):
+            return None
+        return remote.read_file(path).decode().strip() or None
     except (RemoteError, OSError):
         return None

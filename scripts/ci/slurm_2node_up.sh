@@ -39,7 +39,8 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! comm
   # policy-rc.d in this image denies service start during install (harmless: we start by hand)
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 util-linux >/dev/null
 fi
-bash "$HERE/slurm_down.sh" >/dev/null 2>&1 || true   # a one-node SLURM of slurm_up.sh, if any
+# a one-node SLURM of slurm_up.sh (its slurmd has /run/slurmd.pid; ours have /run/slurmd.nodeN.pid)
+[ ! -s /run/slurmd.pid ] || bash "$HERE/slurm_down.sh"
 
 H=$(hostname -s)
 getent hosts "$H" >/dev/null || echo "127.0.0.1 $H" >> /etc/hosts

@@ -106,7 +106,7 @@ def status(cluster: str | None, config_path: str | None, job_id: str | None, acc
     """State of the jobs `train submit` recorded (qstat/qacct or scontrol/squeue), with the run's
     step, loss, samples/s and ETA from its metrics.jsonl."""
     from train.jobs.records import jobs_file
-    from train.jobs.status import job_status
+    from train.jobs.status import ACTIVE, job_status
 
     cfg, cl = _load(config_path, cluster)
     rows = job_status(cfg, cl, job_id=job_id, accept_new_host_key=accept_new_host_key)
@@ -119,6 +119,8 @@ def status(cluster: str | None, config_path: str | None, job_id: str | None, acc
         detail = f" ({st.detail})" if st.detail else ""
         click.echo(f"{rec.job_id:>10}  {rec.name:<16} {st.state:<10}{code}{again}{detail}  submitted {rec.submitted}")
         if prog is not None:
+            if st.state not in ACTIVE:  # a finished or stopped run has no ETA
+                prog.eta_s = None
             click.echo(f"{'':>10}  {prog}")
         click.echo(f"{'':>10}  log {rec.log}")
 

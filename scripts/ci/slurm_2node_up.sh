@@ -34,7 +34,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 NET=${SLURM_NET:-10.201}
 
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v nsenter >/dev/null; then
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v nsenter >/dev/null \
+   || ! command -v ip >/dev/null; then
   [ "${SKIP_APT_UPDATE:-0}" = 1 ] || apt-get update -qq
   # policy-rc.d in this image denies service start during install (harmless: we start by hand)
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 util-linux >/dev/null

@@ -63,6 +63,14 @@ class ClusterConfig:
     # "auto": the OpenSSH client (one ControlMaster login a day) when `ssh` is installed,
     # else Fabric/paramiko; "openssh" or "paramiko" to choose
     transport: str = "auto"
+    # `train submit` uploads shardship's source (named by content hash) and runs it with
+    # PYTHONPATH on top of the cluster's python/torch; false: the cluster has it installed
+    ship_code: bool = True
+    # SGE: how the site takes memory. mem_free (default) is a per-host check of the job's whole
+    # `mem`; BU SCC's form is mem_resource = "mem_per_core", mem_per = "slot" (mem / cpus per
+    # slot); "" requests none. (SLURM always gets --mem per node.)
+    mem_resource: str = "mem_free"
+    mem_per: str = "job"  # "job" | "slot"
 
     @property
     def is_local(self) -> bool:

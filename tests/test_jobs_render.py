@@ -31,7 +31,8 @@ CASES = {
                                time="12:00:00", gpu_c="7.0", project="mylab", setup=SCC_SETUP),
                  {"num_workers": 3}, "/projectnb/mylab/shardship"),
     "sge_4gpu": (ClusterConfig(name="scc", host="scc1.bu.edu", scheduler="sge", gpus=4, cpus=16, mem="128G",
-                               time="24:00:00", gpu_c="8.0", gpu_memory="48G", project="mylab", setup=SCC_SETUP),
+                               time="24:00:00", gpu_c="8.0", gpu_memory="48G", project="mylab", setup=SCC_SETUP,
+                               mem_resource="mem_per_core", mem_per="slot"),
                  {"num_workers": 3, "batch_size": 64}, "/projectnb/mylab/shardship"),
     "slurm_1x4": (ClusterConfig(name="hpc", host="login.hpc.example.edu", scheduler="slurm", gpus=4, cpus=32,
                                 mem="128G", time="12:00:00", partition="gpu", account="mylab", constraint="a100",
@@ -174,3 +175,19 @@ def test_walltime_and_names() -> None:
     c = ClusterConfig(name="c", host="h", scheduler="slurm", gpus=1, cpus=4, time="00:01:30")
     assert build_spec(c, {}, "/r", "t").wall_seconds == 120
     assert job_name("3 runs/a:b") == "j3_runs_a_b"
+
+
+def test_sge_memory_is_requested_in_the_sites_form() -> None:
+    """`mem` is per node; SGE sites take it as a per-host check (mem_free, the default) or per
+    slot (BU SCC's mem_per_core): 128G over 16 slots is 8192M a slot; "" requests none."""
+    assert "#$ -l mem_free=32G\n" in _render("sge_1gpu")
+    assert "#$ -l mem_per_core=8192M\n" in _render("sge_4gpu") and "mem_free" not in _render("sge_4gpu")
+    cluster, train, root = CASES["sge_1gpu"]
+    bare = ClusterConfig(**{**cluster.__dict__, "mem_resource": ""})
+    assert "mem_" not in render(build_spec(bare, train, root, "x")).split("#$ -l h_rt")[0].split("# config:")[1]
+    bad = ClusterConfig(**{**cluster.__dict__, "mem_per": "node"})
+    with pytest.raises(ShardshipError, match="mem_per = 'node'"):
+        render(build_spec(bad, train, root, "x"))
+    evil = ClusterConfig(**{**cluster.__dict__, "mem_resource": "h_vmem=1G -l x"})
+    with pytest.raises(ShardshipError, match="mem_resource"):
+        render(build_spec(evil, train, root, "x"))

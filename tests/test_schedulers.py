@@ -301,8 +301,10 @@ def test_two_process_torchrun_job_runs_to_completion(scheduler: str, site: Site,
             metrics = remote.read_file(posixpath.join(rec.out_dir, "metrics.jsonl")).decode().splitlines()
             assert max(json.loads(ln)["step"] for ln in metrics) == 6
             # `train status` and `train fetch` over the same kind of connection
-            [(r2, st2)] = job_status(cfg, cluster, remote=remote)
+            [(r2, st2, prog)] = job_status(cfg, cluster, remote=remote)
             assert r2.job_id == rec.job_id and st2.state == "COMPLETED"
+            assert prog is not None and (prog.step, prog.total_steps, prog.eta_s) == (6, 6, 0), prog
+            assert prog.loss is not None and prog.samples_per_s and "step 6/6, loss" in str(prog)
             dest, outcomes = fetch_results(cfg, cluster, remote=remote, name="ddp")
         names = {o.local_path.name for o in outcomes}
         assert {"best.pt", "metrics.jsonl", "loss.png", Path(rec.log).name} <= names
@@ -423,7 +425,8 @@ def test_ram_check_refuses_16_ranks_x_8_workers_on_this_node(scheduler: str, sit
                                                              tmp_path: Path) -> None:
     remote_dir = f"ram-{scheduler}"
     wipe(site, remote_dir)
-    node_gib = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    node_gib = (int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30) if scheduler == "sge" else  # one
+                max(int(m) for m in _ok(["sinfo", "-h", "-N", "-o", "%m"]).split()) // 1024)  # node as SLURM has it
     cluster = site.cluster(remote_dir, scheduler=scheduler, gpus=0, cpus=16, mem=f"{node_gib}G", time="01:00:00")
     cfg = make_cfg(tmp_path, packed, cluster, num_workers=8)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,7 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
 
     cfg = load_config(config_path)
     where = f"{cfg.path or 'shardship.toml'} [train]"
+    overrides["time_limit"] = _from_job_start(overrides.get("time_limit"))
     tc = TrainConfig.from_dict(cfg.train, where).merged(**overrides)
     if preset:
         tc.model = {**tc.model, "preset": preset}
@@ -99,6 +101,25 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         click.echo(f"curves: {out}/loss.png, metrics: {out}/metrics.jsonl, TensorBoard: tensorboard --logdir {out}")
     if res.stopped == "SIGINT":
         sys.exit(130)  # ctrl-C: checkpointed, but the run did not finish (`train run && next` must not go on)
+
+
+def _from_job_start(limit: str | None) -> str | None:
+    """In a job, --time-limit counts from the job script's start (SHARDSHIP_JOB_START, epoch
+    seconds, exported by the script), not from this process's: imports, rendezvous and a busy
+    node can take a minute before training starts, and the scheduler's wall clock does not
+    wait for them (4 CPU ranks on 2 cores overshot a 2-minute limit by 9 s without this)."""
+    start = os.environ.get("SHARDSHIP_JOB_START", "")
+    if limit is None or not start.isdigit():
+        return limit
+    from train.config import parse_duration
+
+    secs = parse_duration(limit)
+    if secs is None:
+        return limit
+    # the other ranks' limit is 2 s later, so rank 0 (the one that reports) is always among those
+    # past it when the ranks agree to stop, and says "time limit", not "another rank was signalled"
+    later = 0 if _is_main() else 2
+    return str(max(1, int(secs - max(0.0, time.time() - int(start))) + later))
 
 
 def _interrupted(out: Path) -> str:
@@ -141,7 +162,7 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
         click.echo(line)
 
 
-from train.jobs_cli import fetch, status, submit  # noqa: E402  (train/jobs_cli.py is owned by the jobs helper)
+from train.jobs_cli import doctor, fetch, logs, status, submit, where  # noqa: E402  (train/jobs_cli.py: jobs helper)
 
-for _cmd in (submit, status, fetch):
+for _cmd in (submit, status, fetch, logs, doctor, where):
     main.add_command(_cmd)

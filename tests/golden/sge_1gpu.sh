@@ -18,6 +18,7 @@
 #$ -pe omp 4
 #$ -l gpus=1
 #$ -l gpu_c=7.0
+#$ -l mem_free=32G
 #$ -l h_rt=12:00:00
 #$ -j y
 #$ -o /projectnb/mylab/shardship/jobs/logs/
@@ -32,6 +33,7 @@ cd /projectnb/mylab/shardship/outputs/shardship
 echo "shardship: job $JOB_ID ($JOB_NAME) run ${RESTARTED:-0} on $(hostname), $NSLOTS slots, started $(date -Is)"
 
 start=$(date +%s)
+export SHARDSHIP_JOB_START="$start"  # the trainer's --time-limit counts from here
 set +e
 python3 -m train run --data /projectnb/mylab/shardship --out /projectnb/mylab/shardship/outputs/shardship \
     --config /projectnb/mylab/shardship/jobs/shardship.toml --time-limit 11:55:00 &

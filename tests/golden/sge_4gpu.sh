@@ -19,6 +19,7 @@
 #$ -l gpus=4
 #$ -l gpu_c=8.0
 #$ -l gpu_memory=48G
+#$ -l mem_per_core=8192M
 #$ -l h_rt=24:00:00
 #$ -j y
 #$ -o /projectnb/mylab/shardship/jobs/logs/
@@ -33,6 +34,7 @@ cd /projectnb/mylab/shardship/outputs/shardship
 echo "shardship: job $JOB_ID ($JOB_NAME) run ${RESTARTED:-0} on $(hostname), $NSLOTS slots, started $(date -Is)"
 
 start=$(date +%s)
+export SHARDSHIP_JOB_START="$start"  # the trainer's --time-limit counts from here
 set +e
 # 4 processes on this node, one per GPU (torchrun sets RANK/LOCAL_RANK)
 torchrun --standalone --nnodes 1 --nproc_per_node 4 \

@@ -40,6 +40,7 @@ echo "shardship: job $SLURM_JOB_ID ($SLURM_JOB_NAME) restart ${SLURM_RESTART_COU
 requeue=0
 trap 'requeue=1; echo "shardship: USR1 from SLURM: the wall clock is near"' USR1
 start=$(date +%s)
+export SHARDSHIP_JOB_START="$start"  # the trainer's --time-limit counts from here
 set +e
 # 4 processes on this node (torchrun sets RANK/LOCAL_RANK)
 torchrun --standalone --nnodes 1 --nproc_per_node 4 \

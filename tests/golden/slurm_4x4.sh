@@ -39,6 +39,7 @@ echo "shardship: job $SLURM_JOB_ID ($SLURM_JOB_NAME) restart ${SLURM_RESTART_COU
 requeue=0
 trap 'requeue=1; echo "shardship: USR1 from SLURM: the wall clock is near"' USR1
 start=$(date +%s)
+export SHARDSHIP_JOB_START="$start"  # the trainer's --time-limit counts from here
 set +e
 # one torchrun per node (srun), rendezvous on the first node of the allocation
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

@@ -5,6 +5,7 @@ every value in a comment through `comment`, every directive value through
 `directive_value` (refused when it cannot be written safely)."""
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 
@@ -67,8 +68,17 @@ def setup_block(spec: JobSpec) -> list[str]:
     if spec.setup:
         lines.append("# setup from the config")
         lines.extend(spec.setup)
+    if spec.code_dir:
+        shipped = comment(posixpath.basename(spec.code_dir))
+        lines.append(f"# shardship's own code, shipped by `train submit` ({shipped}), before the cluster's")
+        lines.append(f'export PYTHONPATH={q(spec.code_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines.append(f"mkdir -p {q(spec.out_dir)}")
-    lines.append(f"cd {q(spec.out_dir)}")
+    if spec.command:  # someone else's script: relative paths from the remote root, the run's places in the env
+        lines.append(f"export SHARDSHIP_DATA={q(spec.data_dir)} SHARDSHIP_OUT={q(spec.out_dir)} "
+                     f"SHARDSHIP_TIME_LIMIT={spec.time_limit_s}")
+        lines.append(f"cd {q(spec.data_dir)}")
+    else:
+        lines.append(f"cd {q(spec.out_dir)}")
     return lines
 
 
@@ -79,6 +89,8 @@ def continued(*parts: str) -> str:
 
 def train_lines(spec: JobSpec, launcher: str) -> list[str]:
     """`<launcher> train run` then its arguments, grouped for reading: data/out, config/time."""
+    if spec.command:  # `python train.py ...` as given: the launcher replaces `python`
+        return [f"{launcher.removesuffix('-m').strip()} {' '.join(q(w) for w in spec.command)}".strip()]
     words = [q(w) for w in spec.train_command()]
     head = f"{launcher} {words[0]} {words[1]}"  # "... -m train run"
     args = words[2:]
@@ -101,7 +113,10 @@ def launch_line(spec: JobSpec) -> str:
 
 
 def fresh_checkpoint_test(spec: JobSpec) -> str:
-    """True when `last.pt` was written by this run (so going again makes progress)."""
+    """True when `last.pt` was written by this run (so going again makes progress). Someone
+    else's script keeps its own checkpoints: it stopped cleanly in time, that is all we know."""
+    if spec.command:
+        return "true"
     return f'[ "$(stat -c %Y {q(spec.out_dir + "/last.pt")} 2>/dev/null || echo 0)" -ge "$start" ]'
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from shardship.config import ClusterConfig, Config
 from shardship.errors import ShardshipError
+from train.jobs.race import follow
 from train.jobs.records import jobs_file, load_records
 from train.jobs.remote import connected
 
@@ -20,14 +21,15 @@ def fetch_results(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, na
     recs = [r for r in load_records(jobs_file(cfg)) if r.cluster == cluster.name and r.name == name]
     dest = Path(dest) if dest is not None else Path(cfg.outputs) / cluster.name / name
     with connected(cluster, remote, accept_new_host_key) as r:
-        out_dir = recs[-1].out_dir if recs else r.path("outputs", name)
+        rec = follow(r, recs) if recs else None  # with --partitions: the copy that won
+        out_dir = rec.out_dir if rec else r.path("outputs", name)
         entries = r.listdir(out_dir)
         if not entries:
             raise ShardshipError(f"{r.label}: nothing in {out_dir} yet: has the job run? (`train status`)")
         wanted = ["best.pt" if "best.pt" in entries else "last.pt", "metrics.jsonl"]
         wanted += sorted(n for n in entries if n.endswith(".png"))
         paths = [posixpath.join(out_dir, n) for n in wanted if n in entries]
-        if recs and r.exists(recs[-1].log):
-            paths.append(recs[-1].log)
+        if rec and r.exists(rec.log):
+            paths.append(rec.log)
         outcomes = pull(r, paths, dest)
     return dest, outcomes

@@ -25,6 +25,9 @@ class JobRecord:
     out_dir: str
     data_dir: str
     submitted: str  # ISO-8601 UTC
+    partition: str = ""  # with `--partitions`: the partition this copy was queued in
+    group: str = ""  # with `--partitions`: the first copy's job id, shared by every copy of the run
+    global_batch: int = 0  # batch_size x ranks: samples per optimizer step (status turns samples/s into an ETA)
 
 
 def jobs_file(cfg: Config) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from shardship.errors import ShardshipError
 from train.jobs.common import directive_value, fresh_checkpoint_test, header, launch_line, setup_block, wait_loop
+from train.jobs.slurm import slurm_mem
 from train.jobs.spec import JobSpec
 
 RESCHEDULE_EXIT = 99  # SGE: a job script exiting 99 is put back into the queue
@@ -22,6 +23,22 @@ RESCHEDULE_EXIT = 99  # SGE: a job script exiting 99 is put back into the queue
 def log_path(spec: JobSpec, job_id: str | int) -> str:
     """Where SGE writes the job's output for `-o <dir>/`."""
     return f"{spec.log_dir}/{spec.name}.o{job_id}"
+
+
+def mem_request(spec: JobSpec) -> str | None:
+    """`-l NAME=VALUE` for the site's memory resource: the node's `mem` for the job, or
+    `mem` / cpus per slot (rounded up to MiB) where the site counts memory per slot."""
+    name = spec.cluster.mem_resource
+    if not name:
+        return None
+    per = (spec.cluster.mem_per or "job").lower()
+    if per not in ("job", "slot"):
+        raise ShardshipError(f"[cluster.{spec.cluster.name}] mem_per = {spec.cluster.mem_per!r}: use \"job\" "
+                             "(the node's memory for the whole job) or \"slot\" (per core, as mem_per_core)")
+    if per == "job":
+        return f"{directive_value(name, 'mem_resource')}={slurm_mem(spec.mem)}"
+    mib = -(-spec.mem_bytes // (spec.cpus_per_node * 2**20))
+    return f"{directive_value(name, 'mem_resource')}={mib}M"
 
 
 def render(spec: JobSpec) -> str:
@@ -50,6 +67,9 @@ def render(spec: JobSpec) -> str:
             lines.append(f"#$ -l gpu_type={d(spec.cluster.gpu_type, 'gpu_type')}")
         if spec.cluster.gpu_memory:
             lines.append(f"#$ -l gpu_memory={d(spec.cluster.gpu_memory, 'gpu_memory')}")
+    mem = mem_request(spec)
+    if mem:
+        lines.append(f"#$ -l {mem}")
     lines.append(f"#$ -l h_rt={spec.walltime}")
     lines.append("#$ -j y")
     lines.append(f"#$ -o {d(spec.log_dir.rstrip('/') + '/', 'log directory')}")
@@ -60,6 +80,7 @@ def render(spec: JobSpec) -> str:
                  'started $(date -Is)"')
     lines.append("")
     lines.append("start=$(date +%s)")
+    lines.append('export SHARDSHIP_JOB_START="$start"  # the trainer\'s --time-limit counts from here')
     lines.append("set +e")
     if spec.uses_torchrun:
         lines.append(f"# {spec.ranks_per_node} processes on this node, one per GPU (torchrun sets RANK/LOCAL_RANK)")

@@ -23,6 +23,7 @@ from train.jobs.common import (
     fresh_checkpoint_test,
     header,
     launch_line,
+    q,
     setup_block,
     train_lines,
     wait_loop,
@@ -79,13 +80,13 @@ def render(spec: JobSpec) -> str:
         lines.append(f"{s} --account={d(spec.cluster.account, 'account')}")
     if spec.cluster.partition:
         lines.append(f"{s} --partition={d(spec.cluster.partition, 'partition')}")
-    if spec.nodes == 1:
-        lines.append(f"{s} --nodes=1")
-        lines.append(f"{s} --ntasks=1")
+    lines.append(f"{s} --nodes={spec.nodes}")
+    if spec.launcher == "lightning":  # Lightning's SLURM contract: one task per rank, devices x num_nodes
+        lines.append(f"{s} --ntasks-per-node={spec.ranks_per_node}")
+        lines.append(f"{s} --cpus-per-task={spec.cpus_per_rank}")
     else:
-        lines.append(f"{s} --nodes={spec.nodes}")
-        lines.append(f"{s} --ntasks-per-node=1")
-    lines.append(f"{s} --cpus-per-task={spec.cpus_per_node}")
+        lines.append(f"{s} --ntasks=1" if spec.nodes == 1 else f"{s} --ntasks-per-node=1")
+        lines.append(f"{s} --cpus-per-task={spec.cpus_per_node}")
     lines.append(f"{s} --mem={slurm_mem(spec.mem)}")
     g = gres(spec)
     if g:
@@ -99,6 +100,10 @@ def render(spec: JobSpec) -> str:
     lines.append(f"{s} --signal=B:USR1@{spec.stop_before_s}")
     lines.append("")
     lines += setup_block(spec)
+    if len(spec.partitions) > 1:
+        from train.jobs.race import guard_lines
+
+        lines += guard_lines(spec)
     lines.append('echo "shardship: job $SLURM_JOB_ID ($SLURM_JOB_NAME) restart ${SLURM_RESTART_COUNT:-0} '
                  'on $SLURM_JOB_NODELIST, started $(date -Is)"')
     lines.append("")
@@ -107,8 +112,13 @@ def render(spec: JobSpec) -> str:
     lines.append("requeue=0")
     lines.append("trap 'requeue=1; echo \"shardship: USR1 from SLURM: the wall clock is near\"' USR1")
     lines.append("start=$(date +%s)")
+    lines.append('export SHARDSHIP_JOB_START="$start"  # the trainer\'s --time-limit counts from here')
     lines.append("set +e")
-    if spec.nodes > 1:
+    if spec.launcher == "lightning":
+        lines.append("# Lightning: srun starts every rank (SLURM_PROCID / SLURM_LOCALID), Trainer reads them")
+        lines.append(continued(f'srun --kill-on-bad-exit=1 --cpus-per-task "$SLURM_CPUS_PER_TASK" {q(spec.python)}',
+                               *train_lines(spec, "")) + " &")
+    elif spec.nodes > 1:
         launch = multinode_launch(spec)
         lines += launch[:-1]
         lines.append(launch[-1] + " &")

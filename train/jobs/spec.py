@@ -51,6 +51,10 @@ class JobSpec:
     setup: tuple[str, ...] = ()
     train_args: tuple[str, ...] = ()  # extra `train run` arguments, e.g. ("--max-steps", "100")
     stop_before_s: int = DEFAULT_STOP_BEFORE_S
+    command: tuple[str, ...] = ()  # `--command`: someone else's script instead of `train run` (foreign.py)
+    launcher: str = "torchrun"  # "torchrun" | "lightning" (R tasks per node, srun python; foreign.py)
+    partitions: tuple[str, ...] = ()  # `--partitions a,b`: copies race, the first to start wins (race.py)
+    code_dir: str | None = None  # shipped shardship source (train/jobs/ship.py), first on PYTHONPATH
     # site-specific pass-through keys (gpu_c, gpu_type, gpu_memory, gres, constraint,
     # partition, queue, account, project) are read from the cluster config as given
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(name=""), compare=False)
@@ -69,7 +73,7 @@ class JobSpec:
 
     @property
     def uses_torchrun(self) -> bool:
-        return self.ranks > 1
+        return self.ranks > 1 and self.launcher != "lightning"
 
     @property
     def walltime(self) -> str:
@@ -163,6 +167,11 @@ def build_spec(
     ranks_per_node: int | None = None,
     stop_before_s: int = DEFAULT_STOP_BEFORE_S,
     train_args: tuple[str, ...] = (),
+    code_dir: str | None = None,
+    train_where: str = "[train]",
+    partitions: tuple[str, ...] = (),
+    command: tuple[str, ...] = (),
+    launcher: str = "torchrun",
 ) -> JobSpec:
     """JobSpec for `cluster` with the run's files under `remote_root` (absolute).
 
@@ -204,7 +213,7 @@ def build_spec(
     if sched == "slurm":  # SLURM counts whole minutes: 0:90 is a 2-minute limit
         wall = -(-wall // 60) * 60
     stop_before = min(_positive_int(stop_before_s, "stop_before_s"), max(1, wall // 3))
-    ts = train_settings(train)
+    ts = train_settings(train, train_where)
     return JobSpec(
         name=jname,
         scheduler=sched,
@@ -228,6 +237,8 @@ def build_spec(
         setup=_setup_lines(cluster.setup, where),
         train_args=tuple(train_args),
         stop_before_s=stop_before,
+        code_dir=code_dir,
+        partitions=tuple(partitions), command=tuple(command), launcher=launcher,
         cluster=cluster,
     )
 

@@ -3,11 +3,13 @@ jobs; scontrol show job, then squeue for SLURM: no accounting database needed)."
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from shardship.config import ClusterConfig, Config
+from train.jobs.race import winner
 from train.jobs.records import JobRecord, jobs_file, load_records
 from train.jobs.remote import connected
 
@@ -128,11 +130,83 @@ def query_state(remote: Any, scheduler: str, job_id: str) -> JobState:
                           source="qstat")
 
 
+@dataclass
+class Progress:
+    """Where the training itself is, from the run's metrics.jsonl and its job log."""
+
+    step: int
+    loss: float | None
+    samples_per_s: float | None
+    total_steps: int | None  # the schedule's length, as the trainer printed it
+    eta_s: float | None
+
+    def __str__(self) -> str:
+        of = f"/{self.total_steps}" if self.total_steps else ""
+        loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
+        sps = f", {self.samples_per_s:.1f} samples/s" if self.samples_per_s else ""
+        eta = f", ETA {format_eta(self.eta_s)}" if self.eta_s is not None else ""
+        return f"step {self.step}{of}{loss}{sps}{eta}"
+
+
+def format_eta(seconds: float) -> str:
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    return (f"{d}d " if d else "") + f"{h}h{s // 60:02d}m"
+
+
+_TOTAL = re.compile(r"steps/epoch, (\d+) steps;")
+
+
+def parse_progress(metrics_tail: str, log_text: str, global_batch: int) -> Progress | None:
+    """The newest training record of metrics.jsonl (step, loss, samples/s), the schedule
+    length from the trainer's start line in the log, and the ETA they give."""
+    rec: dict[str, Any] | None = None
+    for line in metrics_tail.splitlines():
+        with contextlib.suppress(ValueError):
+            r = json.loads(line)
+            if isinstance(r, dict) and "loss" in r and "step" in r:
+                rec = r
+    if rec is None:
+        return None
+    totals = _TOTAL.findall(log_text)
+    total = int(totals[-1]) if totals else None
+    sps = rec.get("samples_per_s")
+    sps = float(sps) if isinstance(sps, (int, float)) and sps > 0 else None
+    eta = None
+    if total and sps and global_batch:
+        eta = max(0, total - int(rec["step"])) * global_batch / sps
+    return Progress(int(rec["step"]), float(rec["loss"]), sps, total, eta)
+
+
+def job_progress(remote: Any, rec: JobRecord) -> Progress | None:
+    """Progress of the run `rec` writes (None before its first logged step)."""
+    import posixpath
+
+    tail = remote.run(["tail", "-n", "50", posixpath.join(rec.out_dir, "metrics.jsonl")], timeout=60)
+    if not tail.ok:
+        return None
+    log = remote.run(["grep", "-a", "-o", "-E", "[0-9]+ steps/epoch, [0-9]+ steps;", rec.log], timeout=60)
+    return parse_progress(tail.stdout, log.stdout if log.ok else "", rec.global_batch)
+
+
 def job_status(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, job_id: str | None = None,
-               accept_new_host_key: bool = False) -> list[tuple[JobRecord, JobState]]:
+               accept_new_host_key: bool = False) -> list[tuple[JobRecord, JobState, Progress | None]]:
+    """Each recorded job's scheduler state, and its training progress where the run has logged."""
     recs = [r for r in load_records(jobs_file(cfg)) if r.cluster == cluster.name
             and (job_id is None or r.job_id == str(job_id))]
     if not recs:
         return []
     with connected(cluster, remote, accept_new_host_key) as r:
-        return [(rec, query_state(r, rec.scheduler, rec.job_id)) for rec in recs]
+        out: list[tuple[JobRecord, JobState, Progress | None]] = []
+        for rec in recs:
+            st = query_state(r, rec.scheduler, rec.job_id)
+            if rec.group:
+                won = winner(r, rec.out_dir)
+                mark = ("won the race" if won == rec.job_id else f"lost to {won}" if won else "racing")
+                st.detail = f"{rec.partition}, {mark}" + (f"; {st.detail}" if st.detail else "")
+                if won and won != rec.job_id:  # a cancelled copy: the winner's metrics are not its own
+                    out.append((rec, st, None))
+                    continue
+            out.append((rec, st, job_progress(r, rec)))
+        return out

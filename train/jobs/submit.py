@@ -6,7 +6,9 @@ Everything the user sees goes through the returned objects; the CLI prints them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
+import getpass
 import posixpath
 import re
 from collections.abc import Mapping
@@ -14,15 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardship.config import ClusterConfig, Config
+from shardship.config import DEFAULT_CONFIG, ClusterConfig, Config
 from shardship.errors import RemoteError, ShardshipError
 from shardship.format import index as fmt
 from shardship.units import parse_size
-from train.jobs import checks, measure, render
+from train.jobs import checks, foreign, measure, render
 from train.jobs import log_path as job_log_path
 from train.jobs.common import comment
+from train.jobs.overrides import apply_sets, check_shapes
+from train.jobs.race import check_partitions, submit_copies
 from train.jobs.records import JobRecord, append_record, jobs_file, load_records
 from train.jobs.remote import connected
+from train.jobs.ship import CodeArchive, build_archive, ship
 from train.jobs.spec import DEFAULT_STOP_BEFORE_S, JobSpec, build_spec
 from train.retention import peak_checkpoint_files
 
@@ -82,6 +87,7 @@ class Plan:
     train_toml: str
     findings: list[checks.Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # where the numbers came from
+    code: CodeArchive | None = None  # shardship's source, shipped with the job
 
 
 def source_of(cfg: Config, cluster: ClusterConfig) -> str:
@@ -90,31 +96,29 @@ def source_of(cfg: Config, cluster: ClusterConfig) -> str:
 
 def make_spec(cfg: Config, cluster: ClusterConfig, remote_root: str, *, name: str = "shardship",
               ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
-              train_args: tuple[str, ...] = ()) -> JobSpec:
+              train_args: tuple[str, ...] = (), code_dir: str | None = None,
+              partitions: tuple[str, ...] = (), command: tuple[str, ...] = (), launcher: str = "torchrun") -> JobSpec:
     return build_spec(cluster, cfg.train, remote_root, source_of(cfg, cluster), name=name,
-                      ranks_per_node=ranks_per_node, stop_before_s=stop_before_s, train_args=train_args)
+                      ranks_per_node=ranks_per_node, stop_before_s=stop_before_s, train_args=train_args,
+                      code_dir=code_dir, train_where=f"{cfg.path or DEFAULT_CONFIG} [train]", partitions=partitions,
+                      command=command, launcher=launcher)
 
 
-def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, *, probe: bool = True,
+OFFLINE = "not checked (offline)"
+
+
+def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any | None, *, probe: bool = True,
                bench_csv: Path = measure.LOADER_CSV) -> tuple[list[checks.Finding], list[str]]:
-    """All pre-submit checks against the live remote; returns (findings, notes)."""
+    """All pre-submit checks; returns (findings, notes). `remote` None is a dry run offline:
+    the arithmetic that needs no cluster (workers x ranks x RSS vs `mem`, cores per rank,
+    checkpoint vs time limit) still runs, and each check that needs the cluster says
+    "not checked (offline)" instead of guessing."""
     findings: list[checks.Finding] = []
     notes: list[str] = []
-    index_path = posixpath.join(spec.data_dir, fmt.INDEX)
-    index: dict[str, Any] | None = None
-    if not remote.exists(index_path):
-        findings.append(checks.Finding("error", "data", f"no packed data on {remote.label}: {index_path} is missing; "
-                                                        "run `transfer upload` first"))
-    else:
-        try:
-            index = fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}").doc
-        except ShardshipError as e:  # a damaged or partial upload: say so, the other checks still run
-            findings.append(checks.Finding("error", "data", f"{e}; re-run `transfer upload`"))
-        except (RemoteError, OSError) as e:
-            findings.append(checks.Finding("error", "data", f"cannot read {index_path} on {remote.label}: {e}"))
+    index = _remote_index(spec, remote, findings, notes)
     local_packed = Path(cfg.packed) if (Path(cfg.packed) / fmt.INDEX).is_file() else None
     rss, rss_src = measure.worker_rss(spec, local_packed, bench_csv=bench_csv, probe=probe)
-    node_mem, mem_src = measure.node_memory(remote, spec)
+    node_mem, mem_src = measure.node_memory(remote, spec) if remote is not None else (None, OFFLINE)
     notes.append(f"per-worker RSS {rss / 2**20:.0f} MiB ({rss_src}); biggest node "
                  f"{'unknown' if node_mem is None else f'{node_mem / 2**30:.1f} GiB'} ({mem_src})")
     findings += checks.check_memory(spec, rss, rss_src, node_mem, mem_src)
@@ -126,6 +130,8 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, 
     if ckpt is None:
         findings.append(checks.Finding("warning", "quota", "train.model.checkpoint_bytes is not available: "
                                                            "checkpoint space not checked"))
+    elif remote is None:
+        notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {peak_checkpoint_files(spec.keep)}; quota {OFFLINE}")
     else:
         limit, headroom, src = _quota(remote, cluster, spec)
         existing = measure.dir_bytes(remote, spec.out_dir)
@@ -133,6 +139,55 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any, 
                      f"{'unknown' if headroom is None else f'{headroom / 2**20:.0f} MiB'} free ({src})")
         findings += checks.check_quota(spec, ckpt, headroom, limit, src, existing)
     return findings, notes
+
+
+def foreign_checks(spec: JobSpec, script_text: str | None) -> tuple[list[checks.Finding], list[str]]:
+    """The checks that hold for any training: workers x ranks x RSS vs one node's memory (the
+    default per-worker RSS: another loader is not measured), cores per rank, the launch contract."""
+    rss = checks.DEFAULT_WORKER_RSS
+    findings = checks.check_memory(spec, rss, "default: your script's DataLoader is not measured")
+    findings += checks.check_cpus(spec)
+    findings += foreign.check_command(spec, script_text)
+    notes = [f"command: {' '.join(spec.command)} launched by {spec.launcher} on {spec.nodes} node(s) x "
+             f"{spec.ranks_per_node} rank(s); [train] num_workers = {spec.num_workers} taken as its DataLoader "
+             "workers per rank (--set num_workers=N)",
+             "data, checkpoint interval and quota: not checked (the script's own)"]
+    return findings, notes
+
+
+def _remote_index(spec: JobSpec, remote: Any | None, findings: list[checks.Finding],
+                  notes: list[str]) -> dict[str, Any] | None:
+    """The uploaded index.json (None when missing, damaged, or offline), with a finding saying why."""
+    index_path = posixpath.join(spec.data_dir, fmt.INDEX)
+    if remote is None:
+        notes.append(f"data: {index_path} {OFFLINE}")
+        return None
+    if not remote.exists(index_path):
+        findings.append(checks.Finding("error", "data", f"no packed data on {remote.label}: {index_path} is missing; "
+                                                        "run `transfer upload` first"))
+        return None
+    try:
+        return fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}").doc
+    except ShardshipError as e:  # a damaged or partial upload: say so, the other checks still run
+        findings.append(checks.Finding("error", "data", f"{e}; re-run `transfer upload`"))
+    except (RemoteError, OSError) as e:
+        findings.append(checks.Finding("error", "data", f"cannot read {index_path} on {remote.label}: {e}"))
+    return None
+
+
+def offline_root(cluster: ClusterConfig) -> tuple[str, str | None]:
+    """(remote root, note) without a connection: an absolute remote_dir as is, a local: cluster's
+    real path, else /home/USER/<remote_dir> with a note that the real home is not known offline."""
+    if posixpath.isabs(cluster.remote_dir):
+        return posixpath.normpath(cluster.remote_dir), None
+    if cluster.is_local:
+        from transfer.connection import local_home
+
+        return posixpath.join(str(local_home(cluster.host)), cluster.remote_dir), None
+    user = cluster.user or getpass.getuser()
+    root = posixpath.join("/home", user, cluster.remote_dir)
+    return root, (f"remote home {OFFLINE}: paths assume /home/{user}; the submitted script uses the home "
+                  f"{cluster.host or 'the login node'} reports")
 
 
 def _quota(remote: Any, cluster: ClusterConfig, spec: JobSpec) -> tuple[int | None, int | None, str]:
@@ -154,15 +209,45 @@ def _quota(remote: Any, cluster: ClusterConfig, spec: JobSpec) -> tuple[int | No
     return q.limit_bytes, q.headroom_bytes, q.source
 
 
-def plan(cfg: Config, cluster: ClusterConfig, remote: Any, *, name: str = "shardship",
+def job_train(cfg: Config, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """[train] as the job will read it: `--set` overrides applied, every value's shape checked."""
+    train = apply_sets(cfg.train, sets) if sets else dict(cfg.train)
+    check_shapes(train, f"{cfg.path or DEFAULT_CONFIG} [train]{' with --set' if sets else ''}")
+    return train
+
+
+def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str = "shardship",
          ranks_per_node: int | None = None, stop_before_s: int = DEFAULT_STOP_BEFORE_S,
-         train_args: tuple[str, ...] = (), probe: bool = True, bench_csv: Path = measure.LOADER_CSV) -> Plan:
-    spec = make_spec(cfg, cluster, remote.root, name=name, ranks_per_node=ranks_per_node,
-                     stop_before_s=stop_before_s, train_args=train_args)
+         train_args: tuple[str, ...] = (), probe: bool = True, bench_csv: Path = measure.LOADER_CSV,
+         sets: tuple[str, ...] = (), partitions: tuple[str, ...] = (), command: str | None = None,
+         launcher: str = "auto") -> Plan:
+    """Spec, script, TOML and checks; `remote` None plans offline (see run_checks); `command`
+    is someone else's training instead of `train run` (foreign.py)."""
+    cfg = dataclasses.replace(cfg, train=job_train(cfg, sets))
+    if len(partitions) == 1:  # one partition is no race: it is the partition
+        cluster, partitions = dataclasses.replace(cluster, partition=partitions[0]), ()
+    root, root_note = (remote.root, None) if remote is not None else offline_root(cluster)
+    words = foreign.parse_command(command) if command else ()
+    local_script = foreign.script_file(words) if words else None
+    script_text = local_script.read_text(errors="replace") if local_script else None
+    code = build_archive() if cluster.ship_code and not words else None
+    spec = make_spec(cfg, cluster, root, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
+                     train_args=train_args, code_dir=code.remote_dir(root) if code else None,
+                     partitions=partitions, command=words,
+                     launcher=foreign.pick_launcher(launcher, script_text) if words else "torchrun")
+    if len(partitions) > 1:
+        check_partitions(spec)
     script = render(spec)
     toml = train_toml(cfg.train, source_of(cfg, cluster))
-    findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
-    return Plan(spec, script, toml, findings, notes)
+    if words:
+        findings, notes = foreign_checks(spec, script_text)
+    else:
+        findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
+    if root_note:
+        notes.insert(0, root_note)
+    if code:
+        notes.append(f"code: {code.name} ({code.files} files, {len(code.data) / 1024:.0f} KiB) -> {spec.code_dir}")
+    return Plan(spec, script, toml, findings, notes, code)
 
 
 # ---------------------------------------------------------------- submit
@@ -170,38 +255,74 @@ def plan(cfg: Config, cluster: ClusterConfig, remote: Any, *, name: str = "shard
 class SubmitResult:
     plan: Plan
     record: JobRecord | None  # None for a dry run
+    offline: str | None = None  # a dry run without the cluster: why (the connection error, or --offline)
+    copies: list[JobRecord] = field(default_factory=list)  # every copy queued (one unless --partitions)
+
+
+def _connection(cluster: ClusterConfig, remote: Any, accept_new_host_key: bool, dry_run: bool, offline: bool,
+                stack: contextlib.ExitStack) -> tuple[Any | None, str | None]:
+    """(remote, None), or for a dry run that cannot (or need not) reach the cluster (None, why):
+    previewing a script must not need an account, a network, or a login node that is up."""
+    if remote is not None:
+        return remote, None
+    if offline:
+        if not dry_run:
+            raise ShardshipError("--offline renders and checks without the cluster, so it needs --dry-run: "
+                                 "a real submission has to reach the login node")
+        return None, "--offline"
+    try:
+        return stack.enter_context(connected(cluster, None, accept_new_host_key)), None
+    except ShardshipError as e:  # unresolvable host, refused, no account yet, unknown host key ...
+        if not dry_run:
+            raise
+        return None, str(e)
 
 
 def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, remote: Any = None,
                accept_new_host_key: bool = False, name: str = "shardship", ranks_per_node: int | None = None,
                stop_before_s: int = DEFAULT_STOP_BEFORE_S, train_args: tuple[str, ...] = (), probe: bool = True,
-               bench_csv: Path = measure.LOADER_CSV) -> SubmitResult:
+               bench_csv: Path = measure.LOADER_CSV, sets: tuple[str, ...] = (), offline: bool = False,
+               partitions: tuple[str, ...] = (), command: str | None = None, launcher: str = "auto") -> SubmitResult:
     """Plan, check, write, submit, record. A dry run returns the plan (findings
-    included) without writing anything on the remote."""
-    with connected(cluster, remote, accept_new_host_key) as r:
+    included) without writing anything on the remote; offline when the cluster
+    cannot be reached (or `offline`), with the cluster-side checks "not checked"."""
+    with contextlib.ExitStack() as stack:
+        r, why_offline = _connection(cluster, remote, accept_new_host_key, dry_run, offline, stack)
         p = plan(cfg, cluster, r, name=name, ranks_per_node=ranks_per_node, stop_before_s=stop_before_s,
-                 train_args=train_args, probe=probe, bench_csv=bench_csv)
-        if dry_run:
-            return SubmitResult(p, None)
+                 train_args=train_args, probe=probe, bench_csv=bench_csv, sets=sets, partitions=partitions,
+                 command=command, launcher=launcher)
+        if dry_run or r is None:
+            return SubmitResult(p, None, why_offline)
         spec = p.spec
         checks.raise_for(p.findings, f"[cluster.{cluster.name}] job {spec.name}")
         _refuse_if_active(cfg, cluster, r, spec)
+        if p.code is not None:
+            ship(r, p.code, spec.data_dir)
         r.mkdir(spec.log_dir)
         r.mkdir(spec.out_dir)
         r.write_file(spec.config_path, p.train_toml.encode())
         r.write_file(spec.script_path, p.script.encode())
-        res = r.run(submit_argv(spec), cwd=posixpath.dirname(spec.script_path), timeout=120)
-        res.check(submit_argv(spec)[0])
-        job_id = parse_job_id(res.stdout)
-        if job_id is None:
-            raise RemoteError(f"{r.label}: `{submit_argv(spec)[0]}` printed no job id: "
-                              f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
-        rec = JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
-                        name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
-                        out_dir=spec.out_dir, data_dir=spec.data_dir,
-                        submitted=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        append_record(jobs_file(cfg), rec)
-        return SubmitResult(p, rec)
+        copies = submit_copies(r, spec, parse_job_id) if len(spec.partitions) > 1 else [(_sbatch(r, spec), "")]
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        recs = [JobRecord(cluster=cluster.name, host=cluster.host, scheduler=spec.scheduler, job_id=job_id,
+                          name=spec.name, script=spec.script_path, log=job_log_path(spec, job_id),
+                          out_dir=spec.out_dir, data_dir=spec.data_dir, global_batch=spec.batch_size * spec.ranks,
+                          submitted=now, partition=part, group=copies[0][0] if part else "")
+                for job_id, part in copies]
+        for rec in recs:
+            append_record(jobs_file(cfg), rec)
+        return SubmitResult(p, recs[0], copies=recs)
+
+
+def _sbatch(r: Any, spec: JobSpec) -> str:
+    """Submit the one script; its job id."""
+    res = r.run(submit_argv(spec), cwd=posixpath.dirname(spec.script_path), timeout=120)
+    res.check(submit_argv(spec)[0])
+    job_id = parse_job_id(res.stdout)
+    if job_id is None:
+        raise RemoteError(f"{r.label}: `{submit_argv(spec)[0]}` printed no job id: "
+                          f"{(res.stdout.strip() or res.stderr.strip())[:200]!r}")
+    return job_id
 
 
 def _refuse_if_active(cfg: Config, cluster: ClusterConfig, remote: Any, spec: JobSpec) -> None:

@@ -16,7 +16,7 @@ batches of 32 from 2 worker processes; the page cache is warm for all. Reported:
 samples/s (median of `repeats` runs of `passes` epochs each, the loaders
 interleaved, with min and max), CPU-ms per sample (this process + its workers),
 the ratio to each peer (median of the per-round ratios), the load average,
-and per-worker memory sampled from /proc over the epoch: RSS, and USS (private
+and per-worker memory sampled from /proc over one more, untimed epoch: RSS, and USS (private
 pages: what copy-on-write of the parent's Python objects would make grow).
 Targets: shardship >= 1.0x files, >= 1.2x webdataset and litdata, worker USS flat.
 
@@ -341,11 +341,13 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
         runs: dict[str, list[tuple[int, float, float]]] = {k: [] for k in loaders}
         mem: dict[str, dict[str, float]] = {}
         loads = [os.getloadavg()[0]]
+        for name, make in loaders.items():  # memory first, in an untimed epoch: reading
+            with WorkerMemory() as wm:       # /proc/PID/smaps_rollup costs CPU per mapping,
+                _timed(make, 1)              # so sampling would tax a loader by its mmaps
+            mem[name] = wm.summary()
         for _ in range(repeats):  # interleaved, so background load hits all alike
             for name, make in loaders.items():
-                with WorkerMemory() as wm:
-                    runs[name].append(_timed(make, passes))
-                mem.setdefault(name, wm.summary())
+                runs[name].append(_timed(make, passes))
             loads.append(os.getloadavg()[0])
         common = {"machine": machine(), "python": platform.python_version(), "pil": describe(),
                   "torch": torch.__version__, "samples_in_set": index.n_samples, "shards": index.n_shards,

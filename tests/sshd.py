@@ -332,6 +332,23 @@ def sshd_home(sshd: SSHD, monkeypatch: pytest.MonkeyPatch) -> Iterator[SSHD]:
     sshd.wipe_home()
 
 
+TRANSPORTS = ("openssh", "paramiko")
+
+
+def on_transport(s: SSHD, transport: str) -> Iterator[SSHD]:
+    """`s` with [cluster] transport set for the test, and no master connection left
+    afterwards. A module runs every test on both transports with:
+
+        @pytest.fixture(params=TRANSPORTS)
+        def sshd_home(sshd_home: SSHD, request: pytest.FixtureRequest) -> Iterator[SSHD]:
+            yield from on_transport(sshd_home, request.param)
+    """
+    s.transport = transport
+    yield s
+    s.disconnect()
+    s.transport = "auto"
+
+
 # ---------------------------------------------------------------------------
 # packed test data: small WebDataset tars + a docs/FORMAT.md index.json
 # (built here so transfer tests do not depend on the packer's code)

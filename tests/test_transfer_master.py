@@ -8,25 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd import SSHD
+from tests.sshd import SSHD, TRANSPORTS, on_transport
 from tests.test_transfer_sshd import cli, sessions_in_log, write_config
 from transfer import connect
 
 pytestmark = pytest.mark.sshd
 
 
-@pytest.fixture(params=["openssh", "paramiko"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def sshd_home(sshd_home: SSHD, transport: str) -> Iterator[SSHD]:
+@pytest.fixture(params=TRANSPORTS)
+def sshd_home(sshd_home: SSHD, request: pytest.FixtureRequest) -> Iterator[SSHD]:
     """The conftest fixture, on one transport; no master connection left afterwards."""
-    sshd_home.transport = transport
-    yield sshd_home
-    sshd_home.disconnect()
-    sshd_home.transport = "auto"
+    yield from on_transport(sshd_home, request.param)
 
 
 def test_connect_once_then_commands_ride_on_it_until_disconnect(sshd_home: SSHD, tmp_path: Path) -> None:

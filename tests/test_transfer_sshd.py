@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from shardship.errors import QuotaError, RemoteError
-from tests.sshd import SSHD, make_packed  # noqa: F401 (fixtures come from conftest)
+from tests.sshd import SSHD, TRANSPORTS, make_packed, on_transport  # noqa: F401 (fixtures come from conftest)
 from transfer import connect, hashing
 from transfer.hostkeys import UnknownHostKey
 from transfer.pull import pull
@@ -33,18 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024**2
 
 
-@pytest.fixture(params=["openssh", "paramiko"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def sshd_home(sshd_home: SSHD, transport: str) -> Iterator[SSHD]:
+@pytest.fixture(params=TRANSPORTS)
+def sshd_home(sshd_home: SSHD, request: pytest.FixtureRequest) -> Iterator[SSHD]:
     """The conftest fixture, on one transport; no master connection left afterwards."""
-    sshd_home.transport = transport
-    yield sshd_home
-    sshd_home.disconnect()
-    sshd_home.transport = "auto"
+    yield from on_transport(sshd_home, request.param)
 
 
 def sha(p: Path) -> str:

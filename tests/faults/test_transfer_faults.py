@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardship.errors import RemoteError
-from tests.sshd import SSHD, make_packed  # noqa: F401 (fixtures come from conftest)
+from tests.sshd import SSHD, TRANSPORTS, make_packed, on_transport  # noqa: F401 (fixtures come from conftest)
 from tests.test_transfer_sshd import assert_mirrored, cli, sha, write_config
 from transfer import connect
 from transfer.lock import LOCK, Holder
@@ -27,18 +27,10 @@ from transfer.upload import DiskFullError, upload
 pytestmark = pytest.mark.sshd
 
 
-@pytest.fixture(params=["openssh", "paramiko"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture
-def sshd_home(sshd_home: SSHD, transport: str) -> Iterator[SSHD]:
+@pytest.fixture(params=TRANSPORTS)
+def sshd_home(sshd_home: SSHD, request: pytest.FixtureRequest) -> Iterator[SSHD]:
     """The conftest fixture on one transport (every fault on both); no master left afterwards."""
-    sshd_home.transport = transport
-    yield sshd_home
-    sshd_home.disconnect()
-    sshd_home.transport = "auto"
+    yield from on_transport(sshd_home, request.param)
 
 
 # -- 5: disk full while index.json is written ---------------------------------

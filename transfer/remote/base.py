@@ -18,6 +18,7 @@ import contextlib
 import os
 import posixpath
 import shlex
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -78,6 +79,29 @@ class Process(abc.ABC):
     @abc.abstractmethod
     def close(self) -> int:
         """Close stdin, wait, return the exit code."""
+
+
+class PipeProcess(Process):
+    """A local subprocess with pipes behind the Process interface: the command itself
+    (LocalRemote) or the `ssh` that runs it on its own channel (OpenSSHRemote)."""
+
+    def __init__(self, p: subprocess.Popen):
+        self.p = p
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.p.stdin.write(data)  # type: ignore[union-attr]
+            self.p.stdin.flush()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass  # it exited: readline() will say so
+
+    def readline(self) -> bytes:
+        return self.p.stdout.readline()  # type: ignore[union-attr]
+
+    def close(self) -> int:
+        with contextlib.suppress(OSError):
+            self.p.stdin.close()  # type: ignore[union-attr]
+        return self.p.wait()
 
 
 def _decode(b: bytes) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from shardship.errors import RemoteError
-from transfer.remote.base import FileStat, Process, Remote, RunResult, _decode
+from transfer.remote.base import FileStat, PipeProcess, Process, Remote, RunResult, _decode
 
 
 def local_home(host: str) -> str:
@@ -75,7 +75,7 @@ class LocalRemote(Remote):
                                  stderr=subprocess.DEVNULL)
         except FileNotFoundError:
             return _DeadProcess()
-        return _LocalProcess(p)
+        return PipeProcess(p)
 
     def stat(self, path: str) -> FileStat | None:
         try:
@@ -133,28 +133,6 @@ class LocalRemote(Remote):
         elif not os.path.isdir(full):
             os.mkdir(full)
 
-
-
-class _LocalProcess(Process):
-    """A started subprocess behind the Process interface (pipes, exit code)."""
-
-    def __init__(self, p: subprocess.Popen):
-        self.p = p
-
-    def write(self, data: bytes) -> None:
-        try:
-            self.p.stdin.write(data)  # type: ignore[union-attr]
-            self.p.stdin.flush()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # it exited: readline() will say so
-
-    def readline(self) -> bytes:
-        return self.p.stdout.readline()  # type: ignore[union-attr]
-
-    def close(self) -> int:
-        with contextlib.suppress(OSError):
-            self.p.stdin.close()  # type: ignore[union-attr]
-        return self.p.wait()
 
 
 class _DeadProcess(Process):

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, BinaryIO
 
 from shardship.errors import RemoteError
-from transfer.remote.base import CHUNK, Callback, FileStat, Process, Remote, RunResult, _decode, shell_line
+from transfer.remote.base import CHUNK, Callback, FileStat, PipeProcess, Process, Remote, RunResult, _decode, shell_line
 from transfer.remote.master import Master
 from transfer.remote.programs import BOOT_BINARY, BOOT_TEXT, FS_SERVICE, RECEIVER
 
@@ -94,7 +94,7 @@ class OpenSSHRemote(Remote):
         return RunResult(tuple(str(a) for a in argv), p.returncode, _decode(out), _decode(err), self.label)
 
     def start(self, argv: Sequence[str]) -> Process:
-        return _PipeProcess(self._popen(argv, stderr=subprocess.DEVNULL))
+        return PipeProcess(self._popen(argv, stderr=subprocess.DEVNULL))
 
     # -- metadata: one remote python serving requests ----------------------------
     def _call(self, op: str, path: str | None = None, **kw: Any) -> Any:
@@ -323,25 +323,3 @@ class _Stream:
     def flush(self) -> None:
         with contextlib.suppress(BrokenPipeError):
             self.pipe.flush()
-
-
-class _PipeProcess(Process):
-    """A remote command on its own channel: an `ssh` subprocess with pipes."""
-
-    def __init__(self, p: subprocess.Popen):
-        self.p = p
-
-    def write(self, data: bytes) -> None:
-        try:
-            self.p.stdin.write(data)  # type: ignore[union-attr]
-            self.p.stdin.flush()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # it exited: readline() will say so
-
-    def readline(self) -> bytes:
-        return self.p.stdout.readline()  # type: ignore[union-attr]
-
-    def close(self) -> int:
-        with contextlib.suppress(OSError):
-            self.p.stdin.close()  # type: ignore[union-attr]
-        return self.p.wait()

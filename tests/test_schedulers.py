@@ -64,6 +64,17 @@ def slurm_down_reason() -> str | None:
     return None
 
 
+def two_nodes_reason() -> str | None:
+    """None when the two-node SLURM of scripts/ci/slurm_2node_up.sh is up, else why not."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "SLURM is not up here: run `bash scripts/ci/slurm_2node_up.sh` as root"
+    if {"node1", "node2"} - set(out.split()):
+        return f"not the two-node SLURM (nodes {out.split()}): run `bash scripts/ci/slurm_2node_up.sh` as root"
+    return None
+
+
 def sge_down_reason() -> str | None:
     out = _ok(["qstat", "-f"])
     if out is None:
@@ -320,6 +331,9 @@ def test_two_process_torchrun_job_runs_to_completion(scheduler: str, site: Site,
 @pytest.mark.slow
 @SLURM[0]
 @SLURM[1]
+@pytest.mark.skipif(_SLURM_REASON is None and two_nodes_reason() is None,
+                    reason="the two-node SLURM is up: test_slurm_2node's 2 x 2 wall-clock test covers this "
+                           "(requeue at the wall clock, exact resume), across nodes; ~3 min of CI each")
 def test_slurm_job_at_its_wall_clock_requeues_and_resumes(site: Site, packed: Path, tmp_path: Path) -> None:
     remote_dir = "wall-slurm"
     wipe(site, remote_dir)

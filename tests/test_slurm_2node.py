@@ -33,17 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NODE_SH = ROOT / "scripts" / "ci" / "slurm_node.sh"
 
 
-def _two_nodes_reason() -> str | None:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "SLURM is not up here: run `bash scripts/ci/slurm_2node_up.sh` as root"
-    if {"node1", "node2"} - set(out.split()):
-        return f"not the two-node SLURM (nodes {out.split()}): run `bash scripts/ci/slurm_2node_up.sh` as root"
-    return None
-
-
-_REASON = _two_nodes_reason() if not SLURM[1].args[0] else None
+_REASON = sched.two_nodes_reason() if not SLURM[1].args[0] else None
 pytestmark = [*SLURM, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
 
 
@@ -82,6 +72,7 @@ def test_two_nodes_x_two_ranks_wall_clock_requeue_and_exact_resume(site: Site, p
             rec = res.record
             assert rec is not None
             assert "#SBATCH --nodes=2" in res.plan.script and "#SBATCH --ntasks-per-node=1" in res.plan.script
+            assert "--signal=B:USR1@40" in res.plan.script  # clamped to a third of the 2-minute wall clock
             assert 'torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 2' in res.plan.script
             log = wait_for("the requeue", lambda: _log_has(remote, rec, "requeueing job"), 300)
             assert "on node[1-2]" in log and "4 rank(s)" in log, log

@@ -272,6 +272,31 @@ def test_cli_submit_dry_run_prints_the_script(tmp_path: Path) -> None:
     assert "error: memory:" in r.stderr and "would refuse" in r.stderr and "Traceback" not in r.output
 
 
+def test_cli_quiet_submit_and_fetch_print_only_the_result(tmp_path: Path) -> None:
+    """--quiet (job logs, scripts): the dry run's script without the check notes; fetch
+    prints only where the results are, not a line per file."""
+    from click.testing import CliRunner
+
+    from train.cli import main
+
+    cfg = _write_local_config(tmp_path)
+    loud = CliRunner().invoke(main, ["submit", "--dry-run", "--config", str(cfg), "--no-probe"])
+    quiet = CliRunner().invoke(main, ["submit", "--dry-run", "--quiet", "--config", str(cfg), "--no-probe"])
+    assert loud.exit_code == 0 and quiet.exit_code == 0, quiet.output
+    assert "check: " in loud.stderr and "check: " not in quiet.stderr
+    assert quiet.stdout == loud.stdout and quiet.stdout.startswith("#!/bin/bash -l\n")
+    run = tmp_path / "home" / "shardship" / "outputs" / "shardship"
+    run.mkdir(parents=True)
+    (run / "last.pt").write_bytes(b"checkpoint")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    loud = CliRunner().invoke(main, ["fetch", "--config", str(cfg), "--dest", str(tmp_path / "a")])
+    quiet = CliRunner().invoke(main, ["fetch", "--quiet", "--config", str(cfg), "--dest", str(tmp_path / "b")])
+    assert loud.exit_code == 0 and quiet.exit_code == 0, quiet.output
+    assert "fetched" in loud.stdout and "last.pt" in loud.stdout
+    assert quiet.stdout.strip() == f"results in {tmp_path / 'b'}"
+    assert (tmp_path / "b" / "last.pt").read_bytes() == b"checkpoint"
+
+
 def test_cli_status_without_jobs(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

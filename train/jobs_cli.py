@@ -11,6 +11,9 @@ import click
 from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
 
 _CLUSTER, _CONFIG, _HOSTKEY = cluster_option, config_option(), host_key_option
+_QUIET = click.option("--quiet", "-q", is_flag=True,
+                      help="Print only the result (submit: the job id; fetch: where the results are), and "
+                           "warnings and errors: for scripts and job logs.")
 
 
 def _load(config_path: str | None, cluster: str | None):
@@ -47,11 +50,12 @@ def _load(config_path: str | None, cluster: str | None):
                    "srun python); auto reads the script for a lightning import.")
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Passed to `train run --max-steps`.")
 @click.option("--no-probe", is_flag=True, help="Do not measure a DataLoader worker locally for the RAM check.")
+@_QUIET
 @_HOSTKEY
 @friendly_errors
 def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline: bool, sets: tuple[str, ...],
            name: str, partitions: str | None, nproc_per_node: int | None, command: str | None, launcher: str,
-           max_steps: int | None, no_probe: bool, accept_new_host_key: bool) -> None:
+           max_steps: int | None, no_probe: bool, quiet: bool, accept_new_host_key: bool) -> None:
     """Write the SGE/SLURM script for the cluster, check it, submit it, record the job id.
 
     Before anything is submitted: data workers x ranks x measured worker RSS against one
@@ -69,11 +73,11 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
                      partitions=tuple(p.strip() for p in (partitions or "").split(",") if p.strip()),
                      command=command, launcher=launcher)
     p = res.plan
-    if res.offline:
+    if res.offline and not quiet:
         click.echo(f"offline ({res.offline}): rendered and checked without the cluster", err=True)
     if dry_run:
         click.echo(p.script, nl=False)
-    for note in p.notes:
+    for note in [] if quiet else p.notes:
         click.echo(f"check: {note}", err=True)
     for f in p.findings:
         click.echo(f"{f.level}: {f}", err=True)
@@ -86,6 +90,9 @@ def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline:
                    "nothing submitted", err=True)
         return
     rec = res.record
+    if quiet:
+        click.echo(" ".join(c.job_id for c in res.copies) if len(res.copies) > 1 else rec.job_id)
+        return
     if len(res.copies) > 1:
         click.echo(f"submitted {len(res.copies)} copies of {rec.name}, the first to start cancels the others: "
                    + ", ".join(f"job {c.job_id} in {c.partition}" for c in res.copies))
@@ -188,16 +195,17 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
 @click.option("--name", default="shardship", show_default=True, help="Run name given to `train submit`.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Local directory [outputs/CLUSTER/NAME].")
+@_QUIET
 @_HOSTKEY
 @friendly_errors
-def fetch(cluster: str | None, config_path: str | None, name: str, dest: Path | None,
+def fetch(cluster: str | None, config_path: str | None, name: str, dest: Path | None, quiet: bool,
           accept_new_host_key: bool) -> None:
     """Pull the best checkpoint, metrics, plots and the job log (transfer pull: resumed, verified)."""
     from train.jobs.fetch import fetch_results
 
     cfg, cl = _load(config_path, cluster)
     where, outcomes = fetch_results(cfg, cl, name=name, dest=dest, accept_new_host_key=accept_new_host_key)
-    for o in outcomes:
+    for o in [] if quiet else outcomes:
         click.echo(f"{'up to date' if o.skipped else 'fetched':>10}  {o.local_path}")
     click.echo(f"results in {where}")
 

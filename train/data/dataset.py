@@ -76,10 +76,13 @@ def verify_shard(index: ShardIndex, s: int) -> None:
 
 def verify_shards(index: ShardIndex, progress: bool = False) -> None:
     """Check every shard once in this process (before DataLoader workers fork)."""
-    from tqdm import tqdm
+    from shardship.progress import bar
 
-    for s in tqdm(range(index.n_shards), desc="verify shards", unit="shard", disable=not progress, leave=False):
+    b = bar(index.n_shards, "verify shards", "shard", None if progress else False, leave=False)
+    for s in range(index.n_shards):
         verify_shard(index, s)
+        b.update(1)
+    b.close()
 
 
 class ShardDataset(IterableDataset):

@@ -88,7 +88,8 @@ def verify_shards(index: ShardIndex, progress: bool = False) -> None:
 class ShardDataset(IterableDataset):
     """Batches of `batch_size` samples for one DDP rank, in stream order.
 
-    With `obs_horizon` N (the trainer's default: 2, frames t-1 and t; see
+    With `obs_horizon` N (the trainer passes its model preset's: 2 = frames t-1
+    and t for small/base/stack, 1 for tiny; see
     train.data.obs for how the window is read and what happens at a session's
     start), yields dicts of CPU tensors:
       image   (B, N, 3, H, W) uint8   JPEG pixels as stored, oldest step first (a

@@ -92,13 +92,17 @@ def _decode_general(jpg: bytes | memoryview) -> np.ndarray:
         return np.asarray(rgb)
 
 
-def _check_fast_path() -> bool:
-    """Does the direct decoder give exactly what Image.open gives, in this PIL?"""
-    rng = np.random.default_rng(0)
-    img = (rng.random((24, 40, 3)) * 255).astype(np.uint8)
+def _test_jpeg() -> bytes:
+    """A 40x24 noise JPEG: what each fast path is checked on against Image.open."""
+    img = (np.random.default_rng(0).random((24, 40, 3)) * 255).astype(np.uint8)
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="JPEG", quality=90)
-    data = buf.getvalue()
+    return buf.getvalue()
+
+
+def _check_fast_path() -> bool:
+    """Does the direct decoder give exactly what Image.open gives, in this PIL?"""
+    data = _test_jpeg()
     try:
         return jpeg_frame(data) == (40, 24, 3) and np.array_equal(_decode_direct(data, 40, 24), _decode_general(data))
     except Exception:  # noqa: BLE001 - any failure means: use the general path
@@ -145,11 +149,7 @@ def _check_mapped_path() -> bool:
         _cv2()
     except ImportError:
         return False
-    rng = np.random.default_rng(1)
-    img = (rng.random((24, 40, 3)) * 255).astype(np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=90)
-    data = buf.getvalue()
+    data = _test_jpeg()
     out = np.zeros((24, 40, 3), dtype=np.uint8)
     try:
         _decode_mapped(data, out)

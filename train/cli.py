@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from shardship.cliopts import config_option, friendly_errors
-from train.config import DEVICES, PRESETS  # torch-free: `train --help` stays fast
+from train.config import DEVICES, EDGES, NORMALIZE, PRESETS  # torch-free: `train --help` stays fast
 
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
 
@@ -59,9 +59,9 @@ def main() -> None:
 @click.option("--time-limit", default=None, help="HH:MM:SS: checkpoint and stop before this much wall time.")
 @click.option("--obs-horizon", type=int, default=None,
               help="Observation frames per sample (default: the preset's, 2 = t-1, t; tiny 1).")
-@click.option("--edges", type=click.Choice(["inside", "mask"]), default=None,
+@click.option("--edges", type=click.Choice(EDGES), default=None,
               help="Windows inside the session only (default), or every frame with padded steps masked.")
-@click.option("--normalize", type=click.Choice(["minmax", "zscore"]), default=None,
+@click.option("--normalize", type=click.Choice(NORMALIZE), default=None,
               help="minmax (default): actions to [-1, 1], proprio z-scored; zscore: both z-scored.")
 @click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")

@@ -111,6 +111,8 @@ def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict
 
 # ------------------------------------------------------------------ [train]
 DEVICES = ("auto", "cuda", "mps", "cpu")
+EDGES = ("inside", "mask")  # [train] edges: the reader's sample set (train.data.obs)
+NORMALIZE = ("minmax", "zscore")  # [train] normalize: train.data.normalize's modes
 
 @dataclass
 class TrainConfig:
@@ -192,10 +194,10 @@ class TrainConfig:
             raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
         if self.obs_horizon is not None and int(self.obs_horizon) < 1:
             raise ShardshipError(f"{where}: obs_horizon must be >= 1 (got {self.obs_horizon})")
-        if self.edges not in ("inside", "mask"):
-            raise ShardshipError(f"{where}: edges must be inside or mask (got {self.edges!r})")
-        if self.normalize not in ("minmax", "zscore"):
-            raise ShardshipError(f"{where}: normalize must be minmax or zscore (got {self.normalize!r})")
+        if self.edges not in EDGES:
+            raise ShardshipError(f"{where}: edges must be {' or '.join(EDGES)} (got {self.edges!r})")
+        if self.normalize not in NORMALIZE:
+            raise ShardshipError(f"{where}: normalize must be {' or '.join(NORMALIZE)} (got {self.normalize!r})")
         if self.device not in DEVICES:
             raise ShardshipError(f"{where}: device must be {', '.join(DEVICES)} (got {self.device!r})")
         parse_duration(self.time_limit)

@@ -32,8 +32,9 @@ import torch
 
 from packer.actions import POSE_DIMS, RunningStats
 from shardship.errors import ShardshipError
+from train.config import NORMALIZE
 
-MODES = ("minmax", "zscore")
+MODES = NORMALIZE  # the [train] normalize choices, defined once in train.config
 _EPS = 1e-6
 
 

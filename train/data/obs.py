@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packer.actions import IDENTITY6, POSE_DIMS, relative_pose9
+from train.config import EDGES
 from train.data.decode import obs_arrays, sample_arrays
 
 if TYPE_CHECKING:
     from train.data.dataset import ShardDataset
     from train.data.index import ShardIndex
 
-EDGES = ("inside", "mask")
 
 
 def anchors(index: ShardIndex, obs_horizon: int | None, edges: str) -> np.ndarray:

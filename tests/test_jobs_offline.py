@@ -87,6 +87,18 @@ def test_a_value_of_the_wrong_shape_is_one_line_naming_the_key(tmp_path: Path, t
         assert w in res.stderr, res.stderr
 
 
+def test_train_run_gives_the_same_one_line_for_a_model_string(tmp_path: Path) -> None:
+    """The trainer's own parser (train run, and the job on the cluster) says the same
+    line as submit's check, not `ValueError: dictionary update sequence ...`."""
+    from train.config import TrainConfig
+
+    with pytest.raises(ShardshipError) as e:
+        TrainConfig.from_dict({"model": "tiny"}, "shardship.toml [train]")
+    assert str(e.value).startswith("shardship.toml [train]: model = 'tiny' is a str")
+    assert 'write [train.model] with preset = "tiny"' in str(e.value)
+    assert TrainConfig.from_dict({"model": {"preset": "tiny"}}).model == {"preset": "tiny"}
+
+
 def test_set_overrides_reach_the_jobs_toml(tmp_path: Path) -> None:
     from train.jobs.submit import submit_job
 

@@ -114,6 +114,19 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 EDGES = ("inside", "mask")  # [train] edges: the reader's sample set (train.data.obs)
 NORMALIZE = ("minmax", "zscore")  # [train] normalize: train.data.normalize's modes
 
+def model_table(value: Any, where: str) -> dict[str, Any]:
+    """[train.model] as a dict; a value of another shape (`model = "tiny"`) is one line
+    saying what to write (it was a ValueError traceback from dict())."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        hint = (f'write [train.model] with preset = "{value}" (or `train run --model {value}`)'
+                if isinstance(value, str) else "write it as a [train.model] table")
+        raise ShardshipError(f"{where}: model = {value!r} is a {type(value).__name__}, but model is a "
+                             f"table of model settings: {hint}")
+    return dict(value)
+
+
 @dataclass
 class TrainConfig:
     """[train] in shardship.toml; CLI flags override. Model keys (obs_size,
@@ -160,7 +173,7 @@ class TrainConfig:
         known keys: silently ignoring it would train with a default nobody chose."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {}
-        model: dict[str, Any] = dict(d.get("model") or {})
+        model = model_table(d.get("model"), where)
         for k, v in d.items():
             if k == "model":
                 continue

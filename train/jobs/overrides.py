@@ -16,7 +16,7 @@ from typing import Any
 
 from shardship.config import tomllib
 from shardship.errors import ShardshipError
-from train.config import DEFAULTS, MODEL_KEYS, TrainConfig
+from train.config import DEFAULTS, MODEL_KEYS, TrainConfig, model_table
 
 _KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 
@@ -45,12 +45,7 @@ def check_shapes(train: Mapping[str, Any], where: str) -> None:
     fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     for key, value in train.items():
         if key == "model":
-            if not isinstance(value, Mapping):
-                hint = (f'write [train.model] with preset = "{value}" (or `train run --model {value}`)'
-                        if isinstance(value, str) else "write it as a [train.model] table")
-                raise ShardshipError(f"{where}: model = {value!r} is a {type(value).__name__}, but model is a "
-                                     f"table of model settings: {hint}")
-            for k, v in value.items():
+            for k, v in model_table(value, where).items():
                 _check_model_key(k, v, f"{where} model")
             continue
         if key in fields:

@@ -37,7 +37,7 @@ import numpy as np
 from bench.common import machine, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "bench" / "data" / "slam_hard"
+DATA = Path(os.environ.get("SHARDSHIP_BENCH_DATA", REPO / "bench" / "data")) / "slam_hard"
 BASELINE_REF = "b3fb826"  # main before the hard-world work (issue 20)
 
 
@@ -139,12 +139,15 @@ def baseline_tree(ref: str, work: Path) -> Path:
     return tree
 
 
-def sweep(profiles: list[str], sessions: int, seconds: float, baseline: str | None, log: Path | None = None
-          ) -> list[dict]:
+def sweep(profiles: list[str], sessions: int, seconds: float, baseline: str | None, log: Path | None = None,
+          baseline_dir: Path | None = None) -> list[dict]:
     frames = int(round(seconds * 60))
     work = Path(tempfile.mkdtemp(prefix="bench-slam-hard-"))
     methods = {"shardship (this tree)": str(REPO)}
-    if baseline:
+    if baseline_dir is not None:
+        methods[f"baseline {baseline_dir}"] = str(baseline_dir)
+        baseline = None
+    elif baseline:
         methods[f"baseline {baseline}"] = str(baseline_tree(baseline, work))
     rows: list[dict] = []
     try:
@@ -196,9 +199,10 @@ def main() -> int:
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline ('' for none)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "slam_hard.csv")
+    ap.add_argument("--baseline-dir", type=Path, default=None, help="an existing checkout to use as the baseline")
     ap.add_argument("--log", type=Path, default=None, help="also append every session's record (JSON lines)")
     a = ap.parse_args()
-    rows = sweep(a.profiles.split(","), a.sessions, a.seconds, a.baseline or None, a.log)
+    rows = sweep(a.profiles.split(","), a.sessions, a.seconds, a.baseline or None, a.log, a.baseline_dir)
     cmd = "python -m bench.slam_hard " + " ".join(sys.argv[1:])
     for r in rows:
         r["command"] = cmd

@@ -68,7 +68,9 @@ def run_slam(src: Path, work: Path, pythonpath: str) -> tuple[int, float, float,
     wall = time.perf_counter() - t0
     out = proc.stdout.read() if proc.stdout else ""
     lines = [ln for ln in out.splitlines() if ln.strip()]
-    return os.waitstatus_to_exitcode(status), wall, ru.ru_utime + ru.ru_stime, (lines[-1] if lines else "")
+    failed = [ln for ln in lines if ln.startswith(("FAILED", "FAIL "))]
+    return (os.waitstatus_to_exitcode(status), wall, ru.ru_utime + ru.ru_stime,
+            (failed or lines or [""])[-1])
 
 
 def accuracy(d: Path, src: Path) -> dict:

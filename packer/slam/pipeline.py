@@ -186,6 +186,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "reprojection_error": model.reprojection_error,
         "points": model.n_points,
         "baseline_over_depth": baseline,
+        "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
@@ -250,7 +251,8 @@ def _reconstruct_keyframes(
         stages("features (tracking)")
         try:
             skip = max(0, int(np.floor(opts.max_keyframe_gap * session.fps / step + 1e-6)) - 1)
-            topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip)
+            topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip,
+                                mask=_load_mask(session, opts.mask))
             tracks = track_keyframes(session.frame_paths, step, topt)
         except OSError as e:
             raise session.error("rgb/", str(e)) from None
@@ -273,6 +275,30 @@ def _reconstruct_keyframes(
             f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
         )
     return kpos, model, key_pos, key_T
+
+
+def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:
+    """The user's detection mask (`[slam] mask`, a path relative to the session or
+    absolute): a grey PNG, black where nothing may be tracked, resized to the frames."""
+    if not mask:
+        return None
+    import cv2
+
+    p = Path(mask) if Path(mask).is_absolute() else session.path / mask
+    img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
+    if img is None:
+        raise session.error(str(p), "--mask: not a readable image (a PNG, black where the mount is)")
+    h, w = _read_shape(session.frame_paths[0])
+    return np.where(cv2.resize(img, (w, h), interpolation=cv2.INTER_NEAREST) > 127, 255, 0).astype(np.uint8)
+
+
+def _read_shape(path: Path) -> tuple[int, int]:
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+    if img is None:
+        raise OSError(f"{path}: not a readable image")
+    return int(img.shape[0]), int(img.shape[1])
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:

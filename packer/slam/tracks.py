@@ -215,15 +215,17 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
 
 
 def _prune(live: _Live, opt: TrackOptions) -> None:
-    """At a keyframe: drop tracks off the epipolar geometry, and tracks that stayed put
-    `static_votes` times while the scene moved (their place is masked for detection)."""
+    """At a keyframe: drop tracks off the epipolar geometry from now on, and tracks
+    that stayed put while the scene moved with their whole history (their place is
+    masked for detection): at once when the epipolar check also rejects them, else
+    after `static_votes` keyframes."""
     import cv2
 
-    drop = set(int(v) for v in _epipolar_outliers(live.ids, live.pts, live.history, opt))  # from now on
-    for v in _static(live.ids, live.pts, live.history[-1], opt):
-        live.votes[int(v)] = live.votes.get(int(v), 0) + 1
-        if live.votes[int(v)] >= opt.static_votes:
-            live.bad.add(int(v))  # never was a scene point: its whole history goes
+    drop = set(int(v) for v in _epipolar_outliers(live.ids, live.pts, live.history, opt))
+    for v in (int(x) for x in _static(live.ids, live.pts, live.history[-1], opt)):
+        live.votes[v] = live.votes.get(v, 0) + 1
+        if live.votes[v] >= opt.static_votes or v in drop:
+            live.bad.add(v)  # never was a scene point: its whole history goes
             x, y = live.pts[live.ids == v][0]
             cv2.circle(live.static_mask, (int(x), int(y)), 2 * opt.min_distance, 0, -1)
     drop |= live.bad

@@ -75,7 +75,7 @@ def run_slam(src: Path, work: Path, pythonpath: str) -> tuple[int, float, float,
 
 def accuracy(d: Path, src: Path) -> dict:
     """Packed poses against the truth (see the module docstring)."""
-    from packer.slam.rotations import so3_log, umeyama
+    from packer.slam.rotations import rotation_mean, so3_log, umeyama
     from packer.synth import truth
 
     tr = truth(src)
@@ -87,7 +87,10 @@ def accuracy(d: Path, src: Path) -> dict:
     p = s * T[:, :3, 3] @ R.T + t
     ate = float(np.sqrt(np.mean(np.sum((p - gt[:, :3, 3]) ** 2, axis=1))))
     length = float(np.sum(np.linalg.norm(np.diff(gt[:, :3, 3], axis=0), axis=1)))
-    dR = np.swapaxes(gt[:, :3, :3], -1, -2) @ (R @ T[:, :3, :3])
+    # rotations aligned on their own (the chordal mean of gt R_est^T): the position fit's R carries
+    # the position noise, which is not a rotation error of the poses
+    A = rotation_mean(gt[:, :3, :3] @ np.swapaxes(T[:, :3, :3], -1, -2))
+    dR = np.swapaxes(gt[:, :3, :3], -1, -2) @ (A @ T[:, :3, :3])
     ang = np.linalg.norm(so3_log(dR), axis=1)
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     std = info.get("scale_rel_std")
@@ -98,6 +101,11 @@ def accuracy(d: Path, src: Path) -> dict:
         "rot_rms_deg": float(np.degrees(np.sqrt(np.mean(ang**2)))),
         "registered": float(info["registered_fraction"]),
         "offset_error_ms": 1000 * (float(info.get("imu_offset", np.nan)) - float(tr["imu_offset"])),
+        "gyro_residual": float(info.get("gyro_residual", np.nan)),
+        "rotation_rms": float(info.get("rotation_rms", np.nan)),
+        "explained": float(info.get("explained", np.nan)),
+        "window_spread": float(info.get("window_spread") or np.nan),
+        "camera": info.get("camera"),
     }
 
 

@@ -4,7 +4,6 @@ seeds is `python -m bench.slam_hard` (bench/results/slam_hard.csv); these are th
 gates that keep the defaults honest in CI, one short session each."""
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from packer.effects import PROFILES, CameraEffects
 from packer.session import load_session
 from packer.slam.interpolate import interpolate_poses
-from packer.slam.rotations import so3_log, umeyama
+from packer.slam.rotations import rotation_mean, so3_log, umeyama
 from packer.slam.tracks import track_keyframes
 from packer.synth import synth_session, truth
 from packer.synth.camera import make_glove
@@ -42,7 +41,8 @@ def _errors(d: Path) -> dict[str, float]:
     s, R, t = umeyama(T[:, :3, 3], gt[:, :3, 3])
     err = np.linalg.norm(s * T[:, :3, 3] @ R.T + t - gt[:, :3, 3], axis=1)
     length = float(np.sum(np.linalg.norm(np.diff(gt[:, :3, 3], axis=0), axis=1)))
-    ang = np.linalg.norm(so3_log(np.swapaxes(gt[:, :3, :3], -1, -2) @ (R @ T[:, :3, :3])), axis=1)
+    A = rotation_mean(gt[:, :3, :3] @ np.swapaxes(T[:, :3, :3], -1, -2))  # rotations aligned on their own
+    ang = np.linalg.norm(so3_log(np.swapaxes(gt[:, :3, :3], -1, -2) @ (A @ T[:, :3, :3])), axis=1)
     return {"scale_err": abs(s - 1.0), "ate": float(np.sqrt(np.mean(err**2))) / length,
             "rot_deg": float(np.degrees(np.sqrt(np.mean(ang**2)))), "posed": len(idx) / len(tr["poses"])}
 
@@ -61,12 +61,13 @@ def test_hard_session_is_accepted_within_two_percent_at_the_defaults(tmp_path: P
     assert e["posed"] > 0.9, e
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005
-    # the same input gives the same poses
-    before = hashlib.sha256((d / "poses.json").read_bytes()).hexdigest()
+    # the same input gives the same poses (Ceres on 2 threads sums in either order: ~1e-14 m apart)
+    before = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
     r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
                          "--force"], capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stdout + r2.stderr
-    assert hashlib.sha256((d / "poses.json").read_bytes()).hexdigest() == before
+    after = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
+    assert after.shape == before.shape and float(np.abs(after - before).max()) < 1e-9
 
 
 def test_the_gloves_tracks_never_reach_the_model(tmp_path: Path):

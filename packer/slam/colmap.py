@@ -41,7 +41,9 @@ class SfmOptions:
     seed: int = 0
     tracks_per_view: int = 200  # GLOMAP global positioning: tracks kept per image (speed)
     retriangulate: bool = True  # GLOMAP retriangulation + refinement: ~3-7x lower ATE, steadier scale
-    min_features: int = 64  # median features (SIFT or tracked corners) per image below this -> "no texture"
+    min_features: int = 64  # median SIFT features per image below this -> "no texture"
+    min_tracked: int = 24  # median tracked corners per keyframe below this -> "no texture" (KLT keeps only
+    # corners above an absolute strength floor, so a plain, blurred frame has tens, not hundreds)
     verify_trials: int = 200  # KLT: RANSAC trials at least (20 let a camera-rigid point set pass as a geometry)
     refine_intrinsics: bool = True  # calib.txt as the start of a SIMPLE_RADIAL camera whose focal length and k1
     # bundle adjustment refines (the user's own COLMAP settings): calib.txt is the app's nominal matrix
@@ -61,6 +63,7 @@ class SfmModel:
     n_images: int = 0  # images given to SfM
     median_features: float = 0.0
     camera: list[float] = field(default_factory=list)  # the camera's model parameters after bundle adjustment
+    frontend_note: str = ""  # set when another front-end than the one asked for made this model
 
     def camera_to_world(self) -> np.ndarray:
         """(M,4,4) camera-to-world poses (the inverse of COLMAP's cam_from_world)."""
@@ -128,11 +131,11 @@ def reconstruct(
             _sift_features(pycolmap, db, image_dir, image_names, reader, opt)
         counts = _feature_counts(db) if tracks is None else [len(p) for p in tracks.points]
         median_features = float(np.median(counts)) if counts else 0.0
-        if median_features < opt.min_features:
+        if median_features < (opt.min_features if tracks is None else opt.min_tracked):
             raise SfmError(
                 f"frames have almost no features (median {median_features:.0f} "
                 f"{'SIFT keypoints' if tracks is None else 'tracked corners'} per keyframe, need "
-                f"{opt.min_features}): blank, blurred or textureless images"
+                f"{opt.min_features if tracks is None else opt.min_tracked}): blank, blurred or textureless images"
             )
         note("matching")
         if tracks is None:

@@ -187,6 +187,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "points": model.n_points,
         "baseline_over_depth": baseline,
         "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
+        "frontend_used": model.frontend_note or opts.frontend,
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
@@ -243,8 +244,52 @@ def _reconstruct_keyframes(
     session: Session, opts: SlamOptions, stages: Callable[[str], None]
 ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
     """SfM on the keyframes: (keyframe positions, model, registered positions,
-    their camera-to-world (M,4,4)). Refuses a reconstruction that registered too
-    few keyframes: scale and interpolation over the gaps would be guesses."""
+    their camera-to-world (M,4,4)). When the KLT front-end registers too little
+    (< 90%), the SIFT front-end runs too and the better model is kept (the
+    summary says so). Refuses a reconstruction that registered too few keyframes:
+    scale and interpolation over the gaps would be guesses."""
+    try:
+        found = _sfm(session, opts, stages)
+    except SessionError as e:
+        if opts.frontend != "klt":
+            raise
+        found, first_error = None, e
+    if opts.frontend == "klt" and (found is None or len(found[2]) < FALLBACK_BELOW * len(found[0])):
+        alt_opts = dataclasses.replace(opts, frontend="sift", keyframe_step=None)
+        try:
+            alt = _sfm(session, alt_opts, stages)
+        except SessionError:
+            alt = None
+        if alt is not None and (found is None or len(alt[2]) / len(alt[0]) > len(found[2]) / len(found[0])):
+            alt[1].frontend_note = (f"KLT tracks registered {_frac(found)} of the keyframes; the SIFT front-end "
+                                    f"registered more and was used")
+            found = alt
+        if found is None:
+            raise first_error
+    assert found is not None
+    kpos, model, key_pos, key_T = found
+    reg_frac = len(key_pos) / len(kpos)
+    if reg_frac < opts.min_registered or len(key_pos) < 3:
+        raise session.error(
+            "rgb/",
+            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
+            f"{opts.min_registered:.0%}) with either front-end; other models: {model.other_models or 'none'}. "
+            "Too fast for the frame rate, too blurred or too plain: record slower, with more light and more "
+            "texture in view",
+        )
+    return kpos, model, key_pos, key_T
+
+
+FALLBACK_BELOW = 0.9  # registered fraction of the KLT front-end below which SIFT is tried too
+
+
+def _frac(found: tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray] | None) -> str:
+    return "none" if found is None else f"{len(found[2])}/{len(found[0])}"
+
+
+def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None]
+         ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
+    """One front-end's SfM: (keyframe positions, model, registered positions, their poses)."""
     step = opts.step_for(session.fps)
     tracks: Tracks | None = None
     if opts.frontend == "klt":
@@ -267,13 +312,6 @@ def _reconstruct_keyframes(
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     key_pos, key_T = _registered(model, names, kpos)
-    reg_frac = len(key_pos) / len(kpos)
-    if reg_frac < opts.min_registered or len(key_pos) < 3:
-        raise session.error(
-            "rgb/",
-            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
-            f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
-        )
     return kpos, model, key_pos, key_T
 
 
@@ -349,6 +387,8 @@ def _summary(info: dict[str, Any]) -> str:
     parts.append(f"reprojection {info['reprojection_error']:.2f} px")
     if info.get("other_models"):
         parts.append(f"other models {info['other_models']}")
+    if info.get("frontend_used") not in (None, "klt", "sift"):
+        parts.append(str(info["frontend_used"]))
     return ", ".join(parts)
 
 

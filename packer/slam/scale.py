@@ -48,7 +48,10 @@ Refusals (ScaleRefused, with the reason) only where the data cannot fix the scal
 too little registered video with IMU coverage, too little motion acceleration (0.2 s
 means, noise floor removed, independent of the fit), windows one scale cannot
 explain (a distorted reconstruction, another recording's IMU), or std(s)/s above
-`max_rel_std`. SfM distortion inside one window is not in the std (nothing shows it)."""
+`max_rel_std`. SfM distortion inside one window is not in the GLS std; the caller
+passes `model_rel_std` for it (from the gyro's disagreement with the SfM rotations,
+the one independent view of the model's shape a short session has), which is added
+in quadrature before the check, and the refusal then says which part was too large."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -95,6 +98,8 @@ class ScaleResult:
     n_keyframes: int
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
     window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
+    fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
+    model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
 
 
 def detect_accel_mode(accel_g: np.ndarray) -> str:
@@ -304,6 +309,7 @@ def solve_scale(
     R_ic: np.ndarray,
     gyro_bias: np.ndarray | None = None,
     options: ScaleOptions | None = None,
+    model_rel_std: float = 0.0,
 ) -> ScaleResult:
     """Metric scale of an SfM trajectory from the IMU (see the module docstring).
 
@@ -337,6 +343,12 @@ def solve_scale(
     if lam < floor:  # the accelerometer's own noise says the drift is at least this
         lam, red = floor, _reduce(wins, floor)
     result = _fit(red, imu, wins, lam, mode, opt)
+    if model_rel_std > 0 and np.isfinite(result.rel_std):
+        total = float(np.hypot(result.rel_std, model_rel_std))
+        result = replace(result, fit_rel_std=result.rel_std, model_rel_std=model_rel_std, rel_std=total,
+                         confidence=float(np.clip(1.0 - total / opt.max_rel_std, 0.0, 1.0)))
+    else:
+        result = replace(result, fit_rel_std=result.rel_std)
     _check(result, opt)
     return result
 
@@ -421,6 +433,19 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
             f"explains of the SfM motion window by window (need {opt.min_explained:.0%}): the reconstruction "
             "is distorted (try the default --mapper global or a smaller --keyframe-step) or imu.json belongs "
             "to another recording"
+        )
+    if r.rel_std > opt.max_rel_std and r.model_rel_std > r.fit_rel_std:
+        raise ScaleRefused(
+            f"scale uncertain: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}), mostly because the "
+            f"reconstruction disagrees with the gyro (+-{r.model_rel_std:.1%} of it): its shape is distorted, which "
+            "no scale fixes. Plain surfaces, blur or the glove filling the view leave too few good features: record "
+            "with more texture and light in view"
+        )
+    if r.rel_std > opt.max_rel_std and r.excitation >= 5 * opt.min_excitation:
+        raise ScaleRefused(
+            f"scale poorly constrained: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}) although the "
+            f"IMU sees enough motion ({r.excitation:.2f} m/s^2 RMS): the reconstruction's positions are too noisy "
+            "(few or weak features: record with more texture in view, or a longer session)"
         )
     if r.rel_std > opt.max_rel_std:
         raise ScaleRefused(

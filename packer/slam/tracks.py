@@ -31,9 +31,9 @@ import numpy as np
 @dataclass
 class TrackOptions:
     max_tracks: int = 400  # live corners kept per frame
-    min_distance: int = 12  # px between corners
-    quality: float = 0.01  # Shi-Tomasi quality level (relative to the best corner)
-    min_eigen: float = 0.002  # absolute floor on a corner's smaller eigenvalue (cv2.cornerMinEigenVal, 7x7):
+    min_distance: int = 8  # px between corners
+    quality: float = 0.001  # Shi-Tomasi quality level (relative to the best corner; min_eigen is the real floor)
+    min_eigen: float = 0.001  # absolute floor on a corner's smaller eigenvalue (cv2.cornerMinEigenVal, 7x7):
     # a plain table's grain stays under 0.0005, real corners sit above 0.005
     win: int = 21  # LK window (px)
     levels: int = 3  # LK pyramid levels
@@ -41,7 +41,7 @@ class TrackOptions:
     min_parallax_px: float = 16.0  # median track motion that makes a candidate a keyframe
     max_gap: int = 1  # candidates: at most this many skipped in a row
     min_survival: float = 0.7  # keep a keyframe when fewer of its tracks survive
-    epipolar_px: float = 1.0  # a track off the epipolar line (F by RANSAC) by more at a keyframe stops there
+    epipolar_px: float = 2.0  # a track off the epipolar line (F by RANSAC) by more at a keyframe stops there
     epipolar_back: int = 3  # ... checked against the last keyframe and this many back (a longer baseline)
     static_px: float = 1.0  # a track that moved less than this between keyframes ...
     static_scene_px: float = 8.0  # ... while the median track moved more, moves with the camera (glove, mount)

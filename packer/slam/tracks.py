@@ -7,12 +7,22 @@ pair by brute force (the COLMAP way for unordered photos) cost ~60% of the SLAM
 stage; following corners from one keyframe to the next costs a few milliseconds,
 and a track *is* the correspondence across every keyframe that sees it.
 
-Each track is checked forward and backward (the point tracked back must land
-within `fb_max_px` of where it started) so a corner that slid along an edge or
-hit an occlusion is dropped rather than corrupting the geometry; COLMAP's
-geometric verification (RANSAC on the essential matrix) then removes what is
-left. New corners (Shi-Tomasi) are detected away from live tracks whenever fewer
-than `max_tracks` survive.
+Corners are followed through every frame (a hand turning at 2-3 rad/s moves the
+image ~15 px per frame, which LK finds; between candidates 0.1 s apart it was ~80 px,
+where the tracks died). Each step is checked forward and backward (`fb_max_px`), and
+the next frame's brightness is matched to the last (auto-exposure). New corners
+(Shi-Tomasi) are detected away from live tracks, above an absolute strength floor
+(`min_eigen`): on a plain surface the relative quality level alone keeps the best of
+the grain, whose tracks slide while passing the forward-backward check.
+
+At each keyframe two checks run that a frame-to-frame check cannot: a track off the
+epipolar geometry (F by RANSAC) against the last keyframe and the one
+`epipolar_back` before it stops there (it slid, or moves on its own like a finger);
+a track that stayed put in the image while the scene moved moves with the camera (the
+glove, its mount): it is dropped with its whole history and its place masked, since
+with little rotation between keyframes a point fixed in the image fits any essential
+matrix and would tie the model to the camera. COLMAP's geometric verification
+(RANSAC on the essential matrix) then removes what is left.
 
 Keyframes are chosen by parallax: a candidate is taken every `candidate_step`
 frames, and kept when its tracks moved (median) at least `min_parallax_px` since

@@ -96,7 +96,7 @@ class FramePool:
             self._dropped = True
 
     def results(self, name: str) -> Iterator[tuple[bytes | None, bytes | None, str | None]]:
-        """(jpeg, sha256 of the source, error) per frame of a fed session, in order."""
+        """(jpeg, frame_digest of the source, error) per frame of a fed session, in order."""
         for chunk in self._fed.pop(name)[1]:
             yield from chunk.get()
 

@@ -68,7 +68,9 @@ def _decode_turbo(data: bytes) -> Image.Image | None:
     if simplejpeg is None:
         return None
     try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace not in ("YCbCr", "Gray"):
+            return None  # CMYK/YCCK: Pillow's conversion differs from simplejpeg's
         if width * height > (Image.MAX_IMAGE_PIXELS or width * height):
             return None  # Pillow's decompression-bomb check decides
         # RGBX: Pillow's own pixel layout, so frombuffer maps the array instead of copying it;

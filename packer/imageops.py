@@ -27,7 +27,7 @@ from PIL import Image
 
 try:
     import simplejpeg
-except ImportError:  # optional: Pillow decodes
+except (ImportError, ValueError):  # optional: Pillow decodes (ValueError: built for another numpy ABI)
     simplejpeg = None  # type: ignore[assignment]
 
 CROPS = ("squash", "center")

@@ -199,7 +199,7 @@ def _print_timings(cpu: dict[str, float]) -> None:
     import resource
 
     workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-    parts = {**cpu, "workers (decode, resize, encode, sha256)": workers.ru_utime + workers.ru_stime}
+    parts = {**cpu, "workers (decode, resize, encode, frame digest)": workers.ru_utime + workers.ru_stime}
     for phase, s in parts.items():
         click.echo(f"cpu   {s:7.3f} s  {phase}")
     click.echo(f"cpu   {sum(parts.values()):7.3f} s  total")

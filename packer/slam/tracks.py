@@ -45,7 +45,7 @@ class TrackOptions:
     quality: float = 0.001  # Shi-Tomasi quality level (relative to the best corner; min_eigen is the real floor)
     min_eigen: float = 0.001  # absolute floor on a corner's smaller eigenvalue (cv2.cornerMinEigenVal, 7x7):
     # a plain table's grain stays under 0.0005, real corners sit above 0.005
-    win: int = 21  # LK window (px)
+    win: int = 15  # LK window (px)
     levels: int = 3  # LK pyramid levels
     fb_max_px: float = 1.0  # forward-backward consistency
     min_parallax_px: float = 16.0  # median track motion that makes a candidate a keyframe

@@ -44,8 +44,10 @@ class SlamOptions:
     max_imu_offset: float | None = None  # bound the clock search (s) around start alignment
     max_gyro_disagreement: float = 0.1  # refuse when the gyro-vs-SfM rotation residual exceeds this share of the
     # rotation rate (good models: <= 2%; a wrong or partly wrong model: 15-120%, bench/results/slam_hard.csv)
-    gyro_std_factor: float = 0.6  # the scale's std gets this times that share (in quadrature): a distorted
-    # model's scale error grows with it (6% disagreement: 3-4% scale error on low-texture sessions)
+    gyro_std_factor: float = 0.8  # the scale's std gets this times that share above gyro_noise_floor (in
+    # quadrature): a distorted model's scale error grows with it (6% disagreement: 3-4% scale error on
+    # low-texture sessions; good models sit at 1-1.5%, what gyro noise and a rolling shutter leave)
+    gyro_noise_floor: float = 0.015
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True

@@ -66,7 +66,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
-                         model_rel_std=opts.gyro_std_factor * disagree)
+                         model_rel_std=opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor))
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     return sr.scale, True, {

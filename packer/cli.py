@@ -111,8 +111,8 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
     clock), the glove's encoders (degrees, ESP32 millis, BLE receive times),
     calib.txt and metadata.json in the app's own JSON layout. Ground truth goes to
     synth_truth.json in each session; the pipeline never reads it."""
-    from packer.synth import synth_dataset
     from packer.effects import CameraEffects
+    from packer.synth import synth_dataset
 
     fx = CameraEffects.from_names(effects)
     if profile is not None:

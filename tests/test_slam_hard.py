@@ -47,20 +47,22 @@ def _errors(d: Path) -> dict[str, float]:
             "rot_deg": float(np.degrees(np.sqrt(np.mean(ang**2)))), "posed": len(idx) / len(tr["poses"])}
 
 
-@pytest.mark.parametrize("profile, seed", [("fast", 3), ("all", 5)])
-def test_hard_session_is_accepted_within_two_percent_at_the_defaults(tmp_path: Path, profile: str, seed: int):
-    motion, fx = PROFILES[profile]
-    d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, seed, motion=motion, effects=fx,
+def test_fast_hand_motion_is_accepted_within_two_percent_at_the_defaults(tmp_path: Path):
+    """Real hand speeds (to ~3 rad/s, pauses, flicks) with a 0.25 s IMU clock offset:
+    the 0.1 s front-end lost its tracks here and accepted an 11-18% wrong scale."""
+    motion, fx = PROFILES["fast"]
+    d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, 3, motion=motion, effects=fx,
                       imu_offset=0.25)
     r = _slam_cli(tmp_path / "raw")
     assert r.returncode == 0, r.stdout + r.stderr
     e = _errors(d)
     assert e["scale_err"] < 0.02, e
     assert e["ate"] < 0.01, e
-    assert e["rot_deg"] < 2.0, e
+    assert e["rot_deg"] < 1.0, e
     assert e["posed"] > 0.9, e
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005
+    assert e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
     # the same input gives the same poses (Ceres on 2 threads sums in either order: ~1e-14 m apart)
     before = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
     r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
@@ -68,6 +70,30 @@ def test_hard_session_is_accepted_within_two_percent_at_the_defaults(tmp_path: P
     assert r2.returncode == 0, r2.stdout + r2.stderr
     after = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
     assert after.shape == before.shape and float(np.abs(after - before).max()) < 1e-9
+
+
+REASONS = ("registered only", "almost no features", "disagree with the gyro", "scale uncertain",
+           "poorly constrained", "not observable")
+
+
+@pytest.mark.parametrize("profile, seed", [("all", 5), ("low-texture", 1)])
+def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, seed: int):
+    """Every effect at once on fast motion, and a plain room: today these are often
+    refused (bench/results/slam_hard.csv has the rates). What must hold is the bar:
+    an accepted session is within 2% and within 3 of its own reported std; a refused
+    one says why in one line, with one of the reasons the README explains."""
+    motion, fx = PROFILES[profile]
+    d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, seed, motion=motion, effects=fx,
+                      imu_offset=0.25)
+    r = _slam_cli(tmp_path / "raw")
+    if r.returncode == 0:
+        e = _errors(d)
+        std = json.loads((d / "metadata.json").read_text())["shardship"]["scale_rel_std"]
+        assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * std, (e, std)
+    else:
+        failed = [ln for ln in r.stderr.splitlines() if ln.startswith("FAILED")]
+        assert len(failed) == 1 and any(k in failed[0] for k in REASONS), r.stderr
+        assert "Traceback" not in r.stderr
 
 
 def test_the_gloves_tracks_never_reach_the_model(tmp_path: Path):

@@ -117,12 +117,13 @@ def reconstruct(
         out = Path(tmp) / "sparse"
         out.mkdir()
         reader = pycolmap.ImageReaderOptions()
-        refine = intrinsics is None or _radial_start(intrinsics, opt) is not None
+        radial = None if intrinsics is None else _radial_start(intrinsics, opt)
+        refine = intrinsics is None or radial is not None
         if intrinsics is None:
             reader.camera_model = "SIMPLE_RADIAL"
-        elif refine:
+        elif radial is not None:
             reader.camera_model = "SIMPLE_RADIAL"
-            reader.camera_params = _radial_start(intrinsics, opt)
+            reader.camera_params = radial
         else:
             reader.camera_model = "PINHOLE"
             reader.camera_params = ",".join(f"{v:.9g}" for v in intrinsics)

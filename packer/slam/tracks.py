@@ -113,7 +113,7 @@ def _detect(img: np.ndarray, pts: np.ndarray, n: int, opt: TrackOptions, allowed
         return np.zeros((0, 2), np.float32)
     c = c.reshape(-1, 2).astype(np.float32)
     if opt.min_eigen > 0:
-        eig = cv2.cornerMinEigenVal(img, 7, 3)
+        eig = cv2.cornerMinEigenVal(img, 7, ksize=3)
         c = c[eig[c[:, 1].astype(int), c[:, 0].astype(int)] >= opt.min_eigen]
     return c
 

@@ -20,15 +20,20 @@ CMAP = "viridis"
 JOINT_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5")
 
 
-def principal(pos: np.ndarray) -> np.ndarray:
-    """Positions (N,3) in their principal axes, centred (N,3)."""
+def principal_axes(pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(centre (3,), axes (3,3) as rows, largest motion first) of positions (N,3):
+    other points (a policy's predictions) go into the same view with `(p - c) @ axes.T`."""
     c = pos.mean(0)
     if len(pos) < 3:
-        return pos - c
+        return c, np.eye(3)
     _u, _s, vt = np.linalg.svd(pos - c, full_matrices=False)
-    if vt.shape[0] < 3:
-        vt = np.eye(3)
-    return (pos - c) @ vt.T
+    return c, (vt if vt.shape[0] == 3 else np.eye(3))
+
+
+def principal(pos: np.ndarray) -> np.ndarray:
+    """Positions (N,3) in their principal axes, centred (N,3)."""
+    c, axes = principal_axes(pos)
+    return (pos - c) @ axes.T
 
 
 def _style(ax: Any) -> None:

@@ -90,10 +90,13 @@ def thumbnail(s: Series) -> str | None:
 
 def signals_figure(s: Series, joint_names: list[str], glove: GloveEvents | None, rates: Rates | None) -> str:
     """Joints over time (read errors as red ticks, gaps shaded) above the gyro
-    rate overlaid on the visual rotation rate."""
+    rate overlaid on the visual rotation rate (that panel only when there is a
+    gyro alignment to show: the page says why not otherwise)."""
     plt = pyplot()
-    fig, axes = plt.subplots(2, 1, figsize=(7.2, 4.4), sharex=True, layout="constrained")
-    ax = axes[0]
+    both = rates is not None and len(rates.t) > 0
+    fig, axes = plt.subplots(2 if both else 1, 1, figsize=(7.2, 4.4 if both else 2.5), sharex=True,
+                             layout="constrained", squeeze=False)
+    ax = axes[0, 0]
     if s.joints_valid and s.joints.shape[1]:
         _joints(ax, s, joint_names, glove)
     else:
@@ -101,19 +104,17 @@ def signals_figure(s: Series, joint_names: list[str], glove: GloveEvents | None,
                 transform=ax.transAxes, fontsize=9, color="0.4")
     ax.set_ylabel("joint (deg)", fontsize=8)
     _style(ax)
-    ax = axes[1]
-    if rates is not None and len(rates.t):
+    if both:
+        assert rates is not None
+        ax = axes[1, 0]
         ax.plot(rates.t, rates.visual, "-", color="C0", lw=1.4, label="camera (SfM)")
         ax.plot(rates.t, rates.gyro, "--", color="C3", lw=1.1, label="gyro at the found offset")
         ax.legend(fontsize=7, loc="upper right", frameon=False, ncol=2)
         ax.set_title(f"rotation rate: correlation {rates.correlation:.3f}, rms difference "
                      f"{rates.rms_diff:.3f} rad/s", fontsize=9)
-    else:
-        ax.text(0.5, 0.5, "gyro vs camera: not available (see the numbers)", ha="center", va="center",
-                transform=ax.transAxes, fontsize=9, color="0.4")
-    ax.set_ylabel("rad/s", fontsize=8)
-    ax.set_xlabel("time on the frame clock (s)", fontsize=8)
-    _style(ax)
+        ax.set_ylabel("rad/s", fontsize=8)
+        _style(ax)
+    axes[-1, 0].set_xlabel("time on the frame clock (s)", fontsize=8)
     return png_uri(fig)
 
 

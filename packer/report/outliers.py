@@ -33,7 +33,8 @@ class Flag:
     def __str__(self) -> str:
         label, unit = QUANTITIES[self.quantity]
         side = "above" if self.z > 0 else "below"
-        return f"{label} {self.value:.3g} {unit}: far {side} the dataset's median {self.median:.3g} (robust z {self.z:+.1f})"
+        return (f"{label} {self.value:.3g} {unit}: far {side} the dataset's median {self.median:.3g} "
+                f"(robust z {self.z:+.1f})")
 
 
 def robust_z(values: np.ndarray) -> np.ndarray:

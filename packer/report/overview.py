@@ -20,8 +20,9 @@ _JOINT = re.compile(r"\b(index|three_finger)_(mcp|pip)\b")
 
 
 def warning_kind(text: str) -> str:
-    head = text.split(": ", 1)[1] if _JOINT.match(text) else text
-    head = _JOINT.sub("<joint>", head)
+    head = _JOINT.sub("<joint>", text)
+    if head.startswith("<joint>: "):  # "index_mcp: 12 of 900 readings ..." names the joint first
+        head = "<joint> " + head[len("<joint>: "):]
     head = re.split(r"[(:;]", head, maxsplit=1)[0].strip()
     return _NUMBER.sub("N", head).strip(" ,.") or text
 

@@ -75,7 +75,8 @@ def rotation_rates(series: Series, session_dir: Path, calibration: dict[str, Any
     bias = np.asarray(calibration.get("gyro_bias") or [0.0, 0.0, 0.0], dtype=np.float64)
     g = GyroIntegral(imu.t - float(offset), imu.gyro - bias)
     gyro = np.linalg.norm(g.increment(series.t[a], series.t[b]), axis=1) / span
-    corr = float(np.corrcoef(visual, gyro)[0, 1]) if len(a) > 2 and visual.std() > 0 and gyro.std() > 0 else float("nan")
+    varies = len(a) > 2 and visual.std() > 0 and gyro.std() > 0
+    corr = float(np.corrcoef(visual, gyro)[0, 1]) if varies else float("nan")
     lag = calibration.get("imu_lag")
     mid = 0.5 * (series.t[a] + series.t[b])
     return Rates(mid, visual, gyro, float("nan") if lag is None else 1000.0 * float(lag), corr), ""

@@ -3,7 +3,7 @@
 page as a person's browser does: console errors, uncaught exceptions, whether
 every <img> decoded, the page's text, and a full-page PNG screenshot.
 
-    python -m tests.browser PAGE.html OUT.png [--width 1280]   # what docs/ shows
+    python -m tests.browser PAGE.html OUT.png [--width 1280] [--colors 128]   # what docs/ shows
 
 `open_page` raises BrowserUnavailable (tests skip with its message) when no
 chromium is installed or it cannot start here."""
@@ -190,9 +190,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("page")
     ap.add_argument("png")
     ap.add_argument("--width", type=int, default=1280)
+    ap.add_argument("--colors", type=int, default=0, help="write a palette PNG of this many colours (smaller file)")
     a = ap.parse_args(argv)
     r = open_page(a.page, a.width)
-    Path(a.png).write_bytes(r.png)
+    if a.colors:
+        import io
+
+        from PIL import Image
+
+        Image.open(io.BytesIO(r.png)).convert("RGB").quantize(a.colors).save(a.png, optimize=True)
+        r.png = Path(a.png).read_bytes()
+    else:
+        Path(a.png).write_bytes(r.png)
     bad = [i for i in r.images if not i[2]]
     print(f"{a.png}: {len(r.png)} bytes; {len(r.images)} images, {len(bad)} not decoded; {len(r.errors)} errors")
     for e in r.errors:

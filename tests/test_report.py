@@ -195,3 +195,21 @@ def test_warnings_group_by_kind_across_joints_and_numbers():
                              "b": {"warnings": ["index_mcp never moves (stays at 1.0 deg): x"]}})
     assert [(g["kind"], g["count"], g["sessions"]) for g in groups] == [
         ("<joint> never moves", 2, 2), ("encoders.json covers N of the video", 1, 1)]
+
+
+def test_templates_ship_with_the_package():
+    """An installed (non-editable) shardship has every page template: each .j2 file
+    is matched by setup.cfg's package_data of the package that holds it."""
+    import configparser
+    import fnmatch
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    data = {k: v.split() for k, v in cfg["options.package_data"].items()}
+    templates = sorted(ROOT.glob("*/**/templates/*.j2"))
+    assert len(templates) >= 3, templates
+    for t in templates:
+        pkg_dir = t.parent.parent
+        pkg = ".".join(pkg_dir.relative_to(ROOT).parts)
+        rel = str(t.relative_to(pkg_dir))
+        assert any(fnmatch.fnmatch(rel, pat) for pat in data.get(pkg, [])), f"{t} is not in [options.package_data]"

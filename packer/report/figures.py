@@ -109,9 +109,10 @@ def signals_figure(s: Series, joint_names: list[str], glove: GloveEvents | None,
         ax = axes[1, 0]
         ax.plot(rates.t, rates.visual, "-", color="C0", lw=1.4, label="camera (SfM)")
         ax.plot(rates.t, rates.gyro, "--", color="C3", lw=1.1, label="gyro at the found offset")
-        ax.legend(fontsize=7, loc="upper right", frameon=False, ncol=2)
-        ax.set_title(f"rotation rate: correlation {rates.correlation:.3f}, rms difference "
-                     f"{rates.rms_diff:.3f} rad/s", fontsize=9)
+        ax.legend(["camera\n(SfM)", "gyro at the\nfound offset"], fontsize=7, loc="center left",
+                  bbox_to_anchor=(1.0, 0.5), frameon=False)
+        ax.set_title(f"rotation rate: corr. {rates.correlation:.3f}, rms diff. {rates.rms_diff:.3f} rad/s",
+                     fontsize=8.5, loc="left")
         ax.set_ylabel("rad/s", fontsize=8)
         _style(ax)
     axes[-1, 0].set_xlabel("time on the frame clock (s)", fontsize=8)
@@ -122,7 +123,7 @@ def _joints(ax: Any, s: Series, names: list[str], glove: GloveEvents | None) -> 
     for j in range(s.joints.shape[1]):
         ax.plot(s.t, s.joints[:, j], color=JOINT_COLOURS[j % len(JOINT_COLOURS)], lw=1.1,
                 label=names[j] if j < len(names) else f"joint {j}")
-    title = "joints as packed"
+    title = "joints (deg) as packed"
     if glove is not None:
         lo, hi = ax.get_ylim()
         n_err = sum(len(e) for e in glove.errors)
@@ -135,6 +136,6 @@ def _joints(ax: Any, s: Series, names: list[str], glove: GloveEvents | None) -> 
                 y = lo + (0.02 + 0.04 * j) * (hi - lo)
                 ax.plot(err, np.full(len(err), y), "|", color="C3", ms=6, mew=1.2)
         ax.set_ylim(lo, hi)
-        title += f": {n_err} read error(s) (red ticks, one row per joint), {n_gap} gap(s) > 0.1 s (shaded)"
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper right", frameon=False, ncol=4)
+        title += f"\n{n_err} read error(s) (red ticks, a row per joint), {n_gap} gap(s) > 0.1 s (shaded)"
+    ax.set_title(title, fontsize=8.5, loc="left")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)

@@ -29,6 +29,7 @@ SEED = 3
 SCALED = "session_2026-01-04_120004"  # its trajectory is made 6x longer: the outlier
 REFUSED = "session_2026-01-04_120005"  # its glove clock is 1000 s off: pack refuses it
 SKIPPED = "session_2099-01-01_000000"  # put in raw after the pack
+GLITCHY = "session_2026-01-04_120001"  # index_pip reads -1 six times in a row: 6 read errors, one gap
 
 
 def _env() -> dict[str, str]:
@@ -62,6 +63,10 @@ def dataset(tmp_path_factory) -> tuple[Path, Path]:
     assert {SCALED, REFUSED} <= {p.name for p in raw.iterdir()}
     _scale_poses(raw / SCALED, 6.0)
     _shift_glove(raw / REFUSED, 1000.0)
+    rows = json.loads((raw / GLITCHY / "encoders.json").read_text())
+    for r in rows[10:16]:
+        r["index_pip"] = -1.0
+    (raw / GLITCHY / "encoders.json").write_text(json.dumps(rows))
     out = root / "packed"
     r = pack(raw, out, PackOptions(workers=2), progress=False)
     assert set(r.failed) == {REFUSED}, r.failed
@@ -168,6 +173,42 @@ def test_eval_page_in_chromium(dataset: tuple[Path, Path], tmp_path: Path):
     for n in val:
         assert n in text
     assert "overall" in text and "1.5 2 3" in text
+
+
+def test_gyro_against_camera_rates_agree_at_the_right_offset_only(dataset: tuple[Path, Path]):
+    """The recomputed rates: the synthetic gyro at the true clock offset follows
+    the camera's rotation rate read back from the shards; 0.25 s off, it does not."""
+    from packer.report.raw import rotation_rates
+    from packer.report.series import read_series
+    from shardship.format import index as fmt
+
+    raw, out = dataset
+    name = "session_2026-01-04_120000"
+    s = read_series(out, fmt.read(out), name)
+    truth = json.loads((raw / name / "synth_truth.json").read_text())
+    cal = {"imu_offset": truth["imu_offset"], "gyro_bias": truth["gyro_bias"], "imu_lag": 0.0}
+    good, why = rotation_rates(s, raw / name, cal)
+    assert good is not None, why
+    assert good.correlation > 0.95 and good.rms_diff < 0.1 * float(np.mean(good.visual)), (good.correlation,
+                                                                                           good.rms_diff)
+    off, _ = rotation_rates(s, raw / name, {**cal, "imu_offset": truth["imu_offset"] + 0.25})
+    assert off is not None and off.rms_diff > 3 * good.rms_diff
+    none, why = rotation_rates(s, raw / name, {"method": "none"})
+    assert none is None and "no gyro alignment" in why
+
+
+def test_glove_read_errors_and_gaps_on_the_frame_clock(dataset: tuple[Path, Path]):
+    from packer.report.raw import glove_events
+    from shardship.format import index as fmt
+
+    raw, out = dataset
+    entry = fmt.read(out).doc["sessions"][GLITCHY]
+    ev, why = glove_events(raw / GLITCHY, entry["clock"]["frame0_epoch"])
+    assert ev is not None, why
+    assert [len(e) for e in ev.errors] == [0, 6, 0, 0]
+    assert [len(g) for g in ev.gaps] == [0, 1, 0, 0]
+    (a, b), = ev.gaps[1]
+    assert all(a < t < b for t in ev.errors[1]) and 0.1 < b - a < 0.2
 
 
 def test_robust_z_flags_the_one_unlike_the_rest():

@@ -121,6 +121,7 @@ def test_report_page_in_chromium_shows_refused_skipped_and_flagged(dataset: tupl
     assert flagged == [SCALED], flagged
     assert "median speed" in text and "far above the dataset's median" in text
     assert "1 flagged as unusual" in text
+    assert "index_pip: 6 read error(s), 1 gap(s) > 0.1 s" in text  # GLITCHY's glove, on its section
 
 
 def test_report_without_the_raw_folder(dataset: tuple[Path, Path], tmp_path: Path):
@@ -254,3 +255,11 @@ def test_templates_ship_with_the_package():
         pkg = ".".join(pkg_dir.relative_to(ROOT).parts)
         rel = str(t.relative_to(pkg_dir))
         assert any(fnmatch.fnmatch(rel, pat) for pat in data.get(pkg, [])), f"{t} is not in [options.package_data]"
+
+
+def test_no_index_is_one_line_and_exit_2(tmp_path: Path):
+    p = subprocess.run([PY, "-m", "packer", "report", "--out", str(tmp_path / "nothing"), "--no-budget"], cwd=ROOT,
+                       env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.strip().count("\n") == 0 and "index.json not found: run `packer pack` first" in p.stderr
+    assert "Traceback" not in p.stderr

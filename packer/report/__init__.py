@@ -37,7 +37,12 @@ def _sections(out_dir: Path, raw_dir: Path | None, names: list[str], workers: in
         return [_section(n) for n in names]
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    fork = "fork" in mp.get_all_start_methods()
+    if fork:  # import matplotlib once, here: every forked worker has it for free
+        from packer.report.page import pyplot
+
+        pyplot()
+    ctx = mp.get_context("fork" if fork else "spawn")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(out_dir, raw_dir)) as ex:
         return list(ex.map(_section, names, chunksize=max(1, len(names) // (4 * workers))))
 

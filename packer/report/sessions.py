@@ -49,8 +49,8 @@ def session_section(out_dir: Path, raw_dir: Path | None, index: Index, name: str
         "joints_valid": bool(entry.get("joints_valid")), "warnings": list(entry.get("warnings") or []),
         "cal": _calibration(cal), "rates_note": rates_note, "glove_note": glove_note,
         "rate_corr": None if rates is None else rates.correlation,
-        "glove_errors": None if glove is None else [len(e) for e in glove.errors],
-        "glove_gaps": None if glove is None else [len(g) for g in glove.gaps],
+        "glove": [] if glove is None else [f"{n}: {len(e)} read error(s), {len(g)} gap(s) > 0.1 s"
+                                           for n, e, g in zip(joint_names, glove.errors, glove.gaps)],
         "joint_names": joint_names, "joint_range": [float(x) for x in jr],
         "path_length": float(np.sum(speed * np.diff(s.t[s.posed]))) if len(speed) else None,
         "speed_median": metrics["speed"], "speed_max": float(np.max(speed)) if len(speed) else None,

@@ -263,3 +263,26 @@ def test_no_index_is_one_line_and_exit_2(tmp_path: Path):
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert p.stderr.strip().count("\n") == 0 and "index.json not found: run `packer pack` first" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_sessions_without_poses_or_glove_still_get_a_section(tmp_path: Path):
+    """`packer pack --no-slam` on fresh sessions (no poses), one recorded without
+    the glove: the page says so instead of failing or drawing empty axes."""
+    from packer.pack import pack
+    from packer.report import write_dataset_report
+    from shardship.config import PackOptions
+
+    raw = make_raw(tmp_path / "raw", sessions=2, frames=24, seed=5)
+    first = sorted(p for p in raw.iterdir() if p.is_dir())[0]
+    (first / "encoders.json").unlink()
+    out = tmp_path / "packed"
+    r = pack(raw, out, PackOptions(workers=1), progress=False)
+    assert not r.failed, r.failed
+    page = tmp_path / "r.html"
+    ov = write_dataset_report(out, raw, page, workers=1)
+    assert ov["n_packed"] == 2
+    html = page.read_text()
+    assert html.count("no poses</div>") == 2 and html.count("no action chunks (no poses)") == 2
+    assert "recorded without the glove (joints masked)" in html and "no glove</span>" in html
+    res = _look(page)
+    assert not res.errors and all(i[2] > 0 for i in res.images), (res.errors, res.images)

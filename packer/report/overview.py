@@ -28,12 +28,12 @@ def warning_kind(text: str) -> str:
 
 
 def group_warnings(sessions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """[{kind, count, items: [(session, text)]}], the most frequent kind first."""
+    """[{kind, count, sessions, entries: [(session, text)]}], the most frequent kind first."""
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for name, entry in sorted(sessions.items()):
         for w in entry.get("warnings") or []:
             groups[warning_kind(str(w))].append((name, str(w)))
-    return [{"kind": k, "count": len(v), "sessions": len({n for n, _ in v}), "items": v}
+    return [{"kind": k, "count": len(v), "sessions": len({n for n, _ in v}), "entries": v}
             for k, v in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
 
 

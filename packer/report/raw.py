@@ -17,7 +17,7 @@ import numpy as np
 
 from packer.encoders import JOINTS, READ_ERROR, esp_clock, parse_rows
 from packer.report.series import Series
-from packer.session import load_imu, load_session, read_json
+from packer.session import read_imu, read_json
 from packer.slam.imu_align import GyroIntegral
 from packer.slam.rotations import so3_log
 from shardship.errors import SessionError
@@ -58,7 +58,7 @@ def rotation_rates(series: Series, session_dir: Path, calibration: dict[str, Any
     if not (session_dir / "imu.json").exists():
         return None, f"{session_dir / 'imu.json'} not here (raw folder absent): stored numbers only"
     try:
-        imu = load_imu(load_session(session_dir))
+        imu = read_imu(session_dir, session_dir.name)
     except SessionError as e:
         return None, str(e)
     ok = np.flatnonzero(series.posed)

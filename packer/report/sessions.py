@@ -14,7 +14,7 @@ import numpy as np
 
 from packer.report import figures
 from packer.report.page import anchor, jpeg_uri
-from packer.report.raw import glove_events, rotation_rates
+from packer.report.raw import GloveEvents, glove_events, rotation_rates
 from packer.report.series import read_series
 from shardship.format.index import Index
 
@@ -49,8 +49,7 @@ def session_section(out_dir: Path, raw_dir: Path | None, index: Index, name: str
         "joints_valid": bool(entry.get("joints_valid")), "warnings": list(entry.get("warnings") or []),
         "cal": _calibration(cal), "rates_note": rates_note, "glove_note": glove_note,
         "rate_corr": None if rates is None else rates.correlation,
-        "glove": [] if glove is None else [f"{n}: {len(e)} read error(s), {len(g)} gap(s) > 0.1 s"
-                                           for n, e, g in zip(joint_names, glove.errors, glove.gaps)],
+        "glove": _glove_lines(joint_names, glove),
         "joint_names": joint_names, "joint_range": [float(x) for x in jr],
         "path_length": float(np.sum(speed * np.diff(s.t[s.posed]))) if len(speed) else None,
         "speed_median": metrics["speed"], "speed_max": float(np.max(speed)) if len(speed) else None,
@@ -63,6 +62,15 @@ def session_section(out_dir: Path, raw_dir: Path | None, index: Index, name: str
         "actions": action_table(entry.get("stats") or {}, joint_names),
         "thumb_png": figures.thumbnail(s),
     }
+
+
+def _glove_lines(names: list[str], glove: GloveEvents | None) -> list[str]:
+    """The joints with read errors or gaps, one line each; one line when none has."""
+    if glove is None:
+        return []
+    bad = [f"{n}: {len(e)} read error(s), {len(g)} gap(s) > 0.1 s"
+           for n, e, g in zip(names, glove.errors, glove.gaps) if len(e) or len(g)]
+    return bad or [f"{glove.rows} readings: no read error, no gap > 0.1 s"]
 
 
 def _calibration(cal: dict[str, Any]) -> dict[str, Any]:

@@ -59,9 +59,11 @@ class _Pipe:
             os.dup2(to_r, 3)
             os.dup2(from_w, 4)
 
+        # stderr to a file, not a pipe: chromium logs freely and a full pipe would block it
+        self._log = open(Path(profile) / "chromium.log", "w+b")
         self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
                                      pass_fds=(3, 4, to_r, from_w), preexec_fn=child,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=self._log)
         os.close(to_r)
         os.close(from_w)
         self._buf = b""
@@ -104,13 +106,16 @@ class _Pipe:
                 raise TimeoutError(f"chromium said nothing for {timeout:.0f} s")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:
-                err = self.proc.stderr.read().decode(errors="replace")[-800:] if self.proc.stderr else ""
-                raise BrowserUnavailable(f"chromium exited ({self.proc.wait()}): {err.strip()}")
+                code = self.proc.wait()
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")[-800:]
+                raise BrowserUnavailable(f"chromium exited ({code}): {err.strip()}")
             self._buf += chunk
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
 
     def close(self) -> None:
+        self._log.close()
         for fd in (self._w, self._r):
             try:
                 os.close(fd)

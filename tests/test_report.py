@@ -286,3 +286,16 @@ def test_sessions_without_poses_or_glove_still_get_a_section(tmp_path: Path):
     assert "recorded without the glove (joints masked)" in html and "no glove</span>" in html
     res = _look(page)
     assert not res.errors and all(i[2] > 0 for i in res.images), (res.errors, res.images)
+
+
+def test_a_chromium_that_cannot_start_becomes_the_skip_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """What the page tests skip with on a machine whose chromium dies at start."""
+    fake = tmp_path / "bin" / "chromium"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Missing X server or $DISPLAY' >&2\nexit 13\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    page = tmp_path / "p.html"
+    page.write_text("<!DOCTYPE html><title>x</title>")
+    with pytest.raises(BrowserUnavailable, match=r"chromium exited \(13\): Missing X server"):
+        open_page(page, timeout=30)

@@ -1,4 +1,4 @@
-"""`packer`: check, synth, slam, pack, verify, budget. Each command parses its options,
+"""`packer`: check, synth, slam, pack, verify, budget, report. Each command parses its options,
 calls the module that does the work, prints its summary and exits with a code
 from shardship.errors.Exit."""
 from __future__ import annotations
@@ -34,6 +34,7 @@ def main() -> None:
       packer pack                                  # poses + shards into data/packed
       packer verify                                # shards on disk == index.json?
       packer budget                                # will it fit the cluster quota?
+      packer report                                # one HTML page to look at every session
     """
 
 
@@ -282,6 +283,58 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
             click.echo(f"  - {s}", err=True)
         sys.exit(Exit.QUOTA)
     click.echo("fits.")
+
+
+@main.command()
+@click.option("--raw", type=click.Path(file_okay=False), default=None,
+              help="Raw sessions [data/raw]; optional: without it the page shows what the shards hold.")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="The HTML file to write [OUT/report.html].")
+@click.option("--quota", default=None, help="Quota the size is shown against, e.g. 10G [as packer budget].")
+@click.option("--budget/--no-budget", default=True, show_default=True,
+              help="Size the trainer's checkpoints for the quota table (loads torch: ~2-4 s).")
+@click.option("--workers", type=click.IntRange(1), default=None, help="Processes drawing sessions [cores, max 4].")
+@CONFIG_OPT
+@friendly_errors
+def report(raw, out, report_path, quota, budget, workers, config_path) -> None:
+    """One self-contained HTML page to look at every session before training:
+    packed / refused / skipped and why, size against the quota, the split, the
+    warnings; per session the trajectory, scale, joints, gyro vs camera, frames,
+    action statistics, and a flag when it is unusual against the others."""
+    from packer.report import DEFAULT_NAME, write_dataset_report
+
+    cfg = _cfg(config_path)
+    out_dir = Path(out) if out else cfg.packed
+    raw_dir = Path(raw) if raw else cfg.raw
+    path = Path(report_path) if report_path else out_dir / DEFAULT_NAME
+    ov = write_dataset_report(out_dir, raw_dir if raw_dir.is_dir() else None, path, train_cfg=dict(cfg.train),
+                              budget=_report_budget(cfg, out_dir, quota) if budget else None, workers=workers)
+    for name, why in ov["refused"]:
+        click.echo(f"refused {name}: {why}")
+    click.echo(f"report: {ov['n_packed']} packed, {ov['n_refused']} refused, {ov['n_skipped']} skipped -> {path}")
+
+
+def _report_budget(cfg: Config, out_dir: Path, quota: str | None) -> dict | None:
+    """`packer budget`'s table as plain numbers for the page (offline: the quota from
+    --quota or the config); None, with a line saying why, when it cannot be sized."""
+    try:
+        from train.budget import plan_budget
+    except ImportError as e:  # a packing-only install without torch
+        click.echo(f"note: no quota table in the report ({e})", err=True)
+        return None
+    from shardship.errors import ShardshipError
+
+    try:
+        b, source = plan_budget(cfg, out_dir, quota=quota)
+    except ShardshipError as e:
+        click.echo(f"note: no quota table in the report ({e})", err=True)
+        return None
+    sign = "-" if b.headroom < 0 else ""
+    return {"rows": [{"item": r.item, "size": human(r.bytes), "note": r.note} for r in b.rows],
+            "total": human(b.total), "quota": human(b.quota), "source": source, "over": b.over,
+            "headroom": sign + human(abs(b.headroom)), "fraction": b.total / b.quota if b.quota else 1.0,
+            "suggestions": list(b.suggestions)}
 
 
 from packer.slam_cli import slam as _slam  # noqa: E402

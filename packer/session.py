@@ -407,23 +407,29 @@ class Imu:
 def load_imu(session: Session) -> Imu:
     if session.imu is not None:
         return session.imu
-    p = session.file("imu.json")
-    data = read_json(session.name, p)
+    return read_imu(session.path, session.name)
+
+
+def read_imu(folder: Path, name: str) -> Imu:
+    """`folder`/imu.json of session `name`, parsed and checked, without loading the
+    rest of the session (`packer report` needs only the gyro)."""
+    p, file = folder / "imu.json", "imu.json"
+    data = read_json(name, p)
     if not isinstance(data, list) or len(data) < 2:
-        raise session.error(p, "expected a list of at least 2 samples")
+        raise SessionError(name, file, "expected a list of at least 2 samples")
     try:
         t = np.array([d["timestamp"] for d in data], dtype=np.float64)
         acc = np.array([d["accel"] for d in data], dtype=np.float64)
         gyr = np.array([d["gyro"] for d in data], dtype=np.float64)
     except (KeyError, TypeError, ValueError) as e:
-        raise session.error(p, f"each sample needs timestamp, accel[3], gyro[3] ({e})") from None
+        raise SessionError(name, file, f"each sample needs timestamp, accel[3], gyro[3] ({e})") from None
     if acc.shape != (len(t), 3) or gyr.shape != (len(t), 3):
-        raise session.error(p, "accel and gyro must be 3-vectors")
+        raise SessionError(name, file, "accel and gyro must be 3-vectors")
     bad = ~(np.isfinite(acc).all(1) & np.isfinite(gyr).all(1) & np.isfinite(t))
     if bad.any():
         i = int(np.argmax(bad))
-        raise session.error(p, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
-    _monotonic(session.name, "imu.json", t, "IMU timestamps")
+        raise SessionError(name, file, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
+    _monotonic(name, file, t, "IMU timestamps")
     return Imu(t, acc, gyr)
 
 

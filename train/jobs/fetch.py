@@ -1,5 +1,5 @@
-"""`train fetch`: the best checkpoint (else last), metrics, plots and the newest job
-log, via `transfer pull` (resumed, sha256-verified)."""
+"""`train fetch`: the best checkpoint (else last), metrics, plots, the eval page and
+the newest job log, via `transfer pull` (resumed, sha256-verified)."""
 from __future__ import annotations
 
 import posixpath
@@ -27,7 +27,8 @@ def fetch_results(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, na
         if not entries:
             raise ShardshipError(f"{r.label}: nothing in {out_dir} yet: has the job run? (`train status`)")
         wanted = ["best.pt" if "best.pt" in entries else "last.pt", "metrics.jsonl"]
-        wanted += sorted(n for n in entries if n.endswith(".png"))
+        # plots, and `train eval`'s page (eval.html, self-contained) with its numbers
+        wanted += sorted(n for n in entries if n.endswith((".png", ".html")) or n == "eval.json")
         paths = [posixpath.join(out_dir, n) for n in wanted if n in entries]
         if rec and r.exists(rec.log):
             paths.append(rec.log)

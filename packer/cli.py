@@ -92,10 +92,13 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
               help="--no-glove: no encoders.json (BLE not connected).")
 @click.option("--capture", type=click.Choice(["ultrawide", "arkit"]), default="ultrawide", show_default=True,
               help="arkit: the legacy ARKit layout (metric poses, no IMU).")
+@click.option("--clock-step", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="The phone's wall clock jumps by this much mid-recording (an NTP correction: imu.json, "
+                   "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: str, fps: str, glove: bool,
-          capture: str, workers: int) -> None:
+          capture: str, clock_step: float, workers: int) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
@@ -105,7 +108,7 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: 
     from packer.synth import synth_dataset
 
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
-                          export=export, fps=float(fps), encoders=glove, capture=capture)
+                          export=export, fps=float(fps), encoders=glove, capture=capture, clock_step=clock_step)
     click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from packer.clockstep import ClockStepError
+from packer.clockstep import repair as repair_clock_steps
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
@@ -192,6 +194,8 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
     s = Session(path, name, frames, frame_paths, np.zeros(0), "", DEFAULT_FPS, _read_calib(path, name),
                 metadata, warnings, pose_entries, capture)
     s.pose_source = poses_provenance(metadata, pose_entries, raw_poses[0], capture)
+    if (path / "encoders.json").exists():  # before the IMU: a clock step is undone in both (packer.clockstep)
+        s.encoder_rows = read_json(name, path / "encoders.json")
     if (path / "imu.json").exists():
         s.imu = load_imu(s)
     _frame_clock(s)
@@ -314,12 +318,11 @@ def _frame_clock(s: Session) -> None:
 
 
 def _encoder_span(s: Session) -> tuple[float, float] | None:
-    """(first, last) receive time in encoders.json; the decoded rows are kept on the
-    session for `load_encoders`, so the file is read once per load."""
-    p = s.file("encoders.json")
-    if not p.exists():
+    """(first, last) receive time in encoders.json (the rows load_session decoded,
+    once per load, and packer.clockstep repaired)."""
+    rows = s.encoder_rows
+    if rows is None:
         return None
-    rows = s.encoder_rows = read_json(s.name, p)
     try:
         t = [float(r["timestamp"]) for r in rows] if isinstance(rows, list) else []
     except (KeyError, TypeError, ValueError):
@@ -409,6 +412,11 @@ def load_imu(session: Session) -> Imu:
     if bad.any():
         i = int(np.argmax(bad))
         raise session.error(p, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
+    try:
+        t, steps = repair_clock_steps(t, session.encoder_rows)
+    except ClockStepError as e:
+        raise session.error(p, str(e)) from None
+    session.warnings.extend(steps)
     _monotonic(session.name, "imu.json", t, "IMU timestamps")
     return Imu(t, acc, gyr)
 

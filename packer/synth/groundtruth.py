@@ -119,6 +119,8 @@ def write_truth(
         "scene": world.scene.describe(),
         **poses.truth,
     }
+    if clocks.step:  # only then: every other session's truth bytes stay as they were
+        truth_obj["clock_step"] = {"seconds": clocks.step, "at_epoch": clocks.step_epoch}
     (folder / TRUTH_FILE).write_bytes(_dumps(truth_obj))
 
 

@@ -51,6 +51,8 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL,
     ios_version: str = IOS_VERSION,
+    clock_step: float = 0.0,
+    clock_step_at: float = 0.5,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -92,6 +94,10 @@ def synth_session(
     cameraIntrinsics).
     lidar: arkit only: the phone has LiDAR, each pose carries the centre depth
     (metres, Float32); False omits the key (nil optional).
+    clock_step: the phone's wall clock (Date(), which stamps imu.json, encoders.json
+    and endTime) jumps by this many seconds at `clock_step_at` (a fraction) of the
+    capture, as an NTP correction does mid-recording; frames and the ESP32's millis()
+    are not affected (truth "clock_step").
     export: "folder" or "zip" (the app's auto-zip: `name.zip` with the folder as its
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
 
@@ -103,6 +109,7 @@ def synth_session(
         jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
+        clock_step=clock_step, clock_step_at=clock_step_at,
     )
     return write_session(out_dir, spec)
 
@@ -117,7 +124,8 @@ def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
     (tmp / "rgb").mkdir(parents=True)
 
     rng = Rngs.from_seed(spec.seed)
-    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock)
+    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock, spec.clock_step,
+                         spec.clock_step_at)
     world = build_world(spec, rng.scene, rng.traj)
     jpeg_bytes = render_frames(tmp / "rgb", spec, world)
     imu = write_imu(tmp, spec, clocks, world.traj, rng.imu, rng.nan)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
+from shardship.interrupt import quiet_imports
 
-from shardship.cliopts import config_option, friendly_errors, host_key_option
-from shardship.config import Config, PackOptions, load_config
-from shardship.errors import Exit, SessionError
-from shardship.pil import describe
-from shardship.units import human
+with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
+    import click
+
+    from shardship.cliopts import config_option, friendly_errors, host_key_option
+    from shardship.config import Config, PackOptions, load_config
+    from shardship.errors import Exit, SessionError
+    from shardship.pil import describe
+    from shardship.units import human
 
 CONFIG_OPT = config_option()
 
@@ -274,6 +277,7 @@ def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path)
     click.echo("fits.")
 
 
-from packer.slam_cli import slam as _slam  # noqa: E402
+with quiet_imports():
+    from packer.slam_cli import slam as _slam  # noqa: E402
 
 main.add_command(_slam)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Iterator
 from multiprocessing.pool import AsyncResult, Pool
@@ -38,7 +39,12 @@ def default_workers() -> int:
 
 
 def _worker_init(lock_fd: int) -> None:
-    """A forked worker drops its copy of the out dir lock: only the pack holds it."""
+    """A forked worker drops its copy of the out dir lock: only the pack holds it.
+    It ignores Ctrl-C: a terminal sends SIGINT to the whole process group, and the
+    main process alone decides what an interrupt means (it stops the workers);
+    a worker of its own would print a KeyboardInterrupt traceback, or die half-way
+    through sending a result and leave the pool's result pipe corrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.close(lock_fd)
     except OSError:
@@ -108,10 +114,34 @@ class FramePool:
         if self._pool is None:
             return
         if exc_type is not None or self._fed or self._dropped:
-            self._pool.terminate()
+            stop_now(self._pool)
         else:
             self._pool.close()
-        self._pool.join()
+            self._pool.join()
+
+
+def stop_now(pool: Pool) -> None:
+    """Kill the workers and reap them, without `Pool.terminate`: that one drains
+    the result pipe, which blocks for ever when a worker was killed half-way
+    through writing a result (the remaining bytes never come), and it also runs
+    from the pool's exit finalizer. Seen as a Ctrl-C that hung `packer pack` until
+    a second one. The pool's threads are daemons left blocked on its pipes, with
+    nothing that joins them; the workers hold nothing the main process needs (they
+    only encode their own inputs) and never the out dir lock."""
+    from multiprocessing.pool import TERMINATE
+
+    pool._state = TERMINATE  # type: ignore[attr-defined]
+    for handler in (pool._worker_handler, pool._task_handler, pool._result_handler):  # type: ignore[attr-defined]
+        handler._state = TERMINATE  # the worker handler must not start replacements for the killed ones
+    for _ in range(2):  # again for any replacement the handler started before it saw TERMINATE
+        workers = list(pool._pool)  # type: ignore[attr-defined]
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+        for w in workers:
+            w.join(5)
+        pool._worker_handler.join(1)  # type: ignore[attr-defined]
+    pool._terminate.cancel()  # type: ignore[attr-defined]  # no Pool.terminate at interpreter exit either
 
 
 def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:

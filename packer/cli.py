@@ -243,7 +243,7 @@ def _slam_stage(cfg: Config, quiet: bool):
     def prepare(sessions) -> dict[str, str]:
         failed = {}
         todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
-        for r in slam_sessions(todo, opts) if todo else []:
+        for r in slam_sessions(todo, opts, isolate=True) if todo else []:
             if r.status == "failed":
                 failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
         return failed

@@ -106,3 +106,36 @@ def test_ctrl_c_at_many_points_exits_at_once_and_resumes(raw: Path, tmp_path: Pa
                                     env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
             assert verify.returncode == 0, verify.stdout + verify.stderr
     assert interrupted >= POINTS // 2, f"only {interrupted} of {POINTS} runs were still packing when interrupted"
+
+
+def test_ctrl_c_during_the_slam_stage_stops_the_reconstruction(raw: Path, tmp_path: Path) -> None:
+    """With SLAM: the reconstruction runs in a worker process that ignores the
+    terminal's SIGINT and is killed by the pack (in the pack's own process, pycolmap's
+    C++ would hold the interrupt until it returns). The raw sessions are copied per
+    run: SLAM writes its result (the cache) into them."""
+    import shutil
+
+    one = tmp_path / "one"
+    shutil.copytree(raw / sorted(p.name for p in raw.iterdir())[0], one / "s")
+    t0 = time.monotonic()
+    ref = start(shutil.copytree(one, tmp_path / "ref_raw"), tmp_path / "ref")
+    _, err = ref.communicate(timeout=600)
+    assert ref.returncode == 0, err
+    span = time.monotonic() - t0
+    for k in range(3):
+        r = shutil.copytree(one, tmp_path / f"raw{k}")
+        p = start(r, tmp_path / f"out{k}")
+        time.sleep(0.5 + 0.5 * span * (k + 1) / 4)
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            _, stderr = p.communicate(timeout=HANG_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            pytest.fail(f"packer pack (SLAM stage) still running {HANG_S:.0f} s after one Ctrl-C")
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+        assert p.returncode in (0, 130) and group_gone(p.pid), (p.returncode, stderr)
+        consistent(tmp_path / f"out{k}")
+        again = start(r, tmp_path / f"out{k}")
+        _, err = again.communicate(timeout=600)
+        assert again.returncode == 0, err

@@ -50,6 +50,7 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
     if pil:
         return
     from packer.describe import describe as describe_session
+    from packer.duplicates import unique_sessions
     from packer.intake import extract_all
     from packer.session import discover, load_session, no_sessions
 
@@ -63,7 +64,10 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
                        + (" (metadata.json from the sidecar)" if e.sidecar_used else ""))
     for z, why in sorted(bad_zips.items()):
         click.echo(f"FAIL  {z}: {why}")
-    paths = discover(root)
+    paths, skipped, _ = unique_sessions(discover(root))
+    skipped = {e.zip_path.name: e.why for e in unzipped if e.status == "duplicate"} | skipped
+    for name, why in sorted(skipped.items()):
+        click.echo(f"skip  {name}: {why}")
     if not paths and not bad_zips:
         raise no_sessions(root)
     bad = len(bad_zips)
@@ -164,6 +168,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
         r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready, frames=frames)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
+    for name, why in sorted(r.skipped.items()):
+        click.echo(f"skip  {name}: {why}", err=True)
     for name, ws in sorted(r.warnings.items()):
         for w in ws:
             click.echo(f"warn  session {name}: {w}", err=True)

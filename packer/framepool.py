@@ -148,8 +148,10 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     """A pool for `packer pack`, already encoding when the out dir has no index.json
     yet (a first pack: every session that checks out will be encoded): the frames
     of each session folder as a directory listing gives them (rgb/<number>.jpg in
-    number order, every stride-th), up to EARLY_FRAMES. pack compares each listing
+    number order, every stride-th), up to EARLY_FRAMES; not `session_X (1)/`
+    beside `session_X/` (a second copy, packer.duplicates). pack compares each listing
     with the checked session's frames and drops any that differ."""
+    from packer.duplicates import original_name
     from packer.lockfile import held_by_another
 
     frames = FramePool.for_options(opts)
@@ -159,7 +161,7 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     try:
         for d in sorted(p for p in raw.iterdir() if p.is_dir() and not p.name.startswith(".")):
             rgb = d / "rgb"
-            if not rgb.is_dir():
+            if not rgb.is_dir() or (original_name(d.name) != d.name and (raw / original_name(d.name)).is_dir()):
                 continue
             stems = ((Path(f.name).stem, f.name) for f in os.scandir(rgb) if f.name.lower().endswith((".jpg", ".jpeg")))
             files = sorted((int(stem), name) for stem, name in stems if stem.isdigit())

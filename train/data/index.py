@@ -8,7 +8,7 @@ per-session metadata (hundreds of entries, not millions) are Python objects."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from packer.actions import runs
+from packer.duplicates import original_name
 from shardship.errors import ShardshipError
 from shardship.format import index as fmt
 
@@ -54,6 +55,9 @@ class ShardIndex:
     image_size: tuple[int, int]  # (width, height)
     stats: dict[str, Any] = field(default_factory=dict)
     pose_metric: bool = True
+    # session -> what the phone recorded (index.json "content_key", packer.duplicates):
+    # two names with one key are one recording, which split_sessions never splits
+    session_content: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_samples(self) -> int:
@@ -120,6 +124,7 @@ class ShardIndex:
             image_size=self.image_size,
             stats=self.stats,
             pose_metric=self.pose_metric,
+            session_content=self.session_content,
         )
 
     def sessions_present(self) -> list[str]:
@@ -209,6 +214,8 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         image_size=image_size,
         stats=dict(doc.get("stats", {})),
         pose_metric=metric,
+        session_content={n: str(e["content_key"]) for n, e in sessions.items()
+                         if isinstance(e, dict) and e.get("content_key")},
     )
 
 
@@ -237,23 +244,46 @@ def _session_runs(shards: Sequence[fmt.Shard]) -> dict[str, tuple[np.ndarray, np
 
 
 def split_sessions(names: Sequence[str], val_fraction: float, seed: int,
-                   val_sessions: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+                   val_sessions: Sequence[str] | None = None,
+                   same: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
     """(train, val) session names. Explicit `val_sessions` win; otherwise a stable
     hash of (seed, name) picks ceil(fraction * n) sessions, so adding a session
-    later does not reshuffle which old ones are held out. One session: no val."""
+    later does not reshuffle which old ones are held out. One session: no val.
+
+    Copies of one recording always land on the same side, so validation never
+    scores a session that is also trained on: `session_X (1)` goes with
+    `session_X` (the suffix a second AirDrop/Finder export gets), and names with
+    the same `same[name]` (ShardIndex.session_content) go together. A held-out
+    session brings its copies along."""
     names = sorted(names)
+    group = _recordings(names, same or {})
     if val_sessions:
         unknown = [v for v in val_sessions if v not in names]
         if unknown:
             raise ShardshipError(f"val_sessions: {', '.join(unknown)} not in the index (have: {', '.join(names)})")
-        val = sorted(val_sessions)
-    elif val_fraction <= 0 or len(names) < 2:
-        val = []
+        held = {group[v] for v in val_sessions}
+    elif val_fraction <= 0 or len(set(group.values())) < 2:
+        held = set()
     else:
-        n_val = min(len(names) - 1, max(1, int(np.ceil(val_fraction * len(names)))))
-        ranked = sorted(names, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())
-        val = sorted(ranked[:n_val])
-    train = [n for n in names if n not in val]
+        recordings = sorted(set(group.values()))
+        n_val = min(len(recordings) - 1, max(1, int(np.ceil(val_fraction * len(recordings)))))
+        held = set(sorted(recordings, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())[:n_val])
+    val = [n for n in names if group[n] in held]
+    train = [n for n in names if group[n] not in held]
     if not train:
         raise ShardshipError("every session is held out for validation: lower val_fraction or val_sessions")
     return train, val
+
+
+def _recordings(names: list[str], same: Mapping[str, str]) -> dict[str, str]:
+    """Each name -> the name standing for its recording: the first (sorted) name
+    with its content key, else the name without a ` (N)` copy suffix when that
+    name is there too, else itself."""
+    first: dict[str, str] = {}
+    out: dict[str, str] = {}
+    present = set(names)
+    for n in names:
+        base = original_name(n) if original_name(n) in present else n
+        key = same.get(n)
+        out[n] = first.setdefault(key, base) if key else base
+    return out

@@ -51,8 +51,7 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL,
     ios_version: str = IOS_VERSION,
-    clock_step: float = 0.0,
-    clock_step_at: float = 0.5,
+    clock_step: float = 0.0, clock_step_at: float = 0.5,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -94,10 +93,7 @@ def synth_session(
     cameraIntrinsics).
     lidar: arkit only: the phone has LiDAR, each pose carries the centre depth
     (metres, Float32); False omits the key (nil optional).
-    clock_step: the phone's wall clock (Date(), which stamps imu.json, encoders.json
-    and endTime) jumps by this many seconds at `clock_step_at` (a fraction) of the
-    capture, as an NTP correction does mid-recording; frames and the ESP32's millis()
-    are not affected (truth "clock_step").
+    clock_step: Date() jumps this many seconds at `clock_step_at` of the capture (NTP; truth "clock_step").
     export: "folder" or "zip" (the app's auto-zip: `name.zip` with the folder as its
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
 

@@ -99,8 +99,8 @@ def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes:
     return {
         "fingerprint": fingerprint, "stat_signature": plan.signature, "frames": s.n_frames, "samples": len(plan.keep),
         "raw_bytes": raw_bytes, "packed_bytes": sum(x.bytes for x in shards),
-        "shards": [x.name for x in shards], "intrinsics": plan.metas[0]["intrinsics"] if plan.metas else None,
-        "pose_metric": any(m["pose_metric"] for m in plan.metas),
+        "shards": [x.name for x in shards], "intrinsics": plan.metas.k if len(plan.metas) else None,
+        "pose_metric": plan.metas.pose_metric,
         "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": list(JOINTS),
         "joints_valid": plan.joints_valid, "capture": s.capture, "fps": s.fps, "fps_source": s.fps_source,
         "pose_source": s.pose_source, "frames_without_pose": plan.frames_without_pose, "clock": plan.clock,

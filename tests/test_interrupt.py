@@ -45,6 +45,22 @@ def group_gone(pgid: int) -> bool:
     return False
 
 
+def ctrl_c(p: subprocess.Popen, where: str) -> str:
+    """SIGINT to the pack's process group, as a terminal's Ctrl-C; its stderr once
+    it exited, which must hold no traceback from any process, with nothing of the
+    group left behind."""
+    os.killpg(p.pid, signal.SIGINT)
+    try:
+        _, stderr = p.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"packer pack still running {HANG_S:.0f} s after one Ctrl-C ({where})")
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, (where, stderr)
+    assert group_gone(p.pid), f"{where}: a process of the group outlived the pack"
+    return stderr
+
+
 def consistent(out: Path) -> None:
     """index.json (when there is one) parses and names only files that are there."""
     assert not held_by_another(out)
@@ -79,16 +95,8 @@ def test_ctrl_c_at_many_points_exits_at_once_and_resumes(raw: Path, tmp_path: Pa
         p = start(raw, out, "--no-slam")
         time.sleep(0.3 + 0.6 * span * k / POINTS)
         sent = time.monotonic()
-        os.killpg(p.pid, signal.SIGINT)
-        try:
-            stdout, stderr = p.communicate(timeout=HANG_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            pytest.fail(f"packer pack still running {HANG_S:.0f} s after one Ctrl-C (point {k})")
+        stderr = ctrl_c(p, f"point {k}")
         took = time.monotonic() - sent
-        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, (k, stderr)
-        assert group_gone(p.pid), f"point {k}: a process of the group outlived the pack"
         if p.returncode == 130:
             interrupted += 1
             assert stderr.count("interrupted:") == 1, stderr
@@ -126,15 +134,8 @@ def test_ctrl_c_during_the_slam_stage_stops_the_reconstruction(raw: Path, tmp_pa
         r = shutil.copytree(one, tmp_path / f"raw{k}")
         p = start(r, tmp_path / f"out{k}")
         time.sleep(0.5 + 0.5 * span * (k + 1) / 4)
-        os.killpg(p.pid, signal.SIGINT)
-        try:
-            _, stderr = p.communicate(timeout=HANG_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            pytest.fail(f"packer pack (SLAM stage) still running {HANG_S:.0f} s after one Ctrl-C")
-        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-        assert p.returncode in (0, 130) and group_gone(p.pid), (p.returncode, stderr)
+        stderr = ctrl_c(p, f"SLAM stage, point {k}")
+        assert p.returncode in (0, 130), (p.returncode, stderr)
         consistent(tmp_path / f"out{k}")
         again = start(r, tmp_path / f"out{k}")
         _, err = again.communicate(timeout=600)

@@ -11,6 +11,7 @@ from shardship.interrupt import quiet_imports
 with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
     import click
 
+    from packer.effects import EFFECTS, PROFILES
     from shardship.cliopts import config_option, friendly_errors, host_key_option
     from shardship.config import Config, PackOptions, load_config
     from shardship.errors import Exit, SessionError
@@ -88,9 +89,17 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static"]), default="hand",
+@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static", "fast"]), default="hand",
               show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
-              "scale is unobservable (SLAM must refuse); static: identical frames.")
+              "scale is unobservable (SLAM must refuse); static: identical frames; fast: real hand speeds "
+              "(to ~3 rad/s and 0.8 m/s, pauses, flicks).")
+@click.option("--effect", "effects", multiple=True, type=click.Choice(list(EFFECTS)),
+              help="What a real phone camera does, repeatable: glove (palm and fingers in view), lens (focal 3%% "
+              "off calib.txt, distortion), blur (8 ms), rolling-shutter (20 ms), exposure (auto-exposure and white "
+              "balance drift), low-texture (plain table and walls).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
+              help="A SLAM benchmark profile: its motion and effects (overrides --motion and --effect); "
+              "'all' is fast motion with every effect.")
 @click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
               help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
 @click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,
@@ -104,18 +113,24 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
                    "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @friendly_errors
-def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: str, fps: str, glove: bool,
-          capture: str, clock_step: float, workers: int) -> None:
+def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
+          profile: str | None, export: str, fps: str, glove: bool, capture: str, clock_step: float,
+          workers: int) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
     clock), the glove's encoders (degrees, ESP32 millis, BLE receive times),
     calib.txt and metadata.json in the app's own JSON layout. Ground truth goes to
     synth_truth.json in each session; the pipeline never reads it."""
+    from packer.effects import CameraEffects
     from packer.synth import synth_dataset
 
+    fx = CameraEffects.from_names(effects)
+    if profile is not None:
+        motion, fx = PROFILES[profile]
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
-                          export=export, fps=float(fps), encoders=glove, capture=capture, clock_step=clock_step)
+                          export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
+                          clock_step=clock_step)
     click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
 
 
@@ -198,7 +213,7 @@ def _print_timings(cpu: dict[str, float]) -> None:
     import resource
 
     workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-    parts = {**cpu, "workers (decode, resize, encode, sha256)": workers.ru_utime + workers.ru_stime}
+    parts = {**cpu, "workers (decode, resize, encode, frame digest)": workers.ru_utime + workers.ru_stime}
     for phase, s in parts.items():
         click.echo(f"cpu   {s:7.3f} s  {phase}")
     click.echo(f"cpu   {sum(parts.values()):7.3f} s  total")

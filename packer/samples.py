@@ -130,10 +130,11 @@ def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndar
 
 class SampleMetas(Sequence):
     """Each kept frame's sample JSON, built from the session's arrays BLOCK frames
-    at a time as the writer reads them in order: the whole session's as Python
-    lists and dicts (the action chunk alone is 16 x 13 floats) took ~8 kB per
-    frame, 0.15 GB for a 5-minute session. Rounded and converted per block, not
-    per frame: per-frame numpy calls were a tenth of the main process's work."""
+    at a time as the writer reads them in order: the whole session's at once, as
+    Python lists (the action chunk alone is 16 x 13 floats), took ~8 kB per frame,
+    0.15 GB for a 5-minute session (as numpy rows for orjson still ~1 kB of dict
+    per frame). Rounded per block, not per frame: per-frame numpy calls were a
+    tenth of the main process's work."""
 
     def __init__(self, session: str, idx: list[int], t: np.ndarray, size: int, k: Any, metric: bool,
                  flags: dict[int, str], posed: np.ndarray, poses: np.ndarray | None, joints: np.ndarray,

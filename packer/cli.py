@@ -6,14 +6,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
+from shardship.interrupt import quiet_imports
 
-from packer.effects import EFFECTS, PROFILES
-from shardship.cliopts import config_option, friendly_errors, host_key_option
-from shardship.config import Config, PackOptions, load_config
-from shardship.errors import Exit, SessionError
-from shardship.pil import describe
-from shardship.units import human
+with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
+    import click
+
+    from packer.effects import EFFECTS, PROFILES
+    from shardship.cliopts import config_option, friendly_errors, host_key_option
+    from shardship.config import Config, PackOptions, load_config
+    from shardship.errors import Exit, SessionError
+    from shardship.pil import describe
+    from shardship.units import human
 
 CONFIG_OPT = config_option()
 
@@ -49,6 +52,7 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
     if pil:
         return
     from packer.describe import describe as describe_session
+    from packer.duplicates import unique_sessions
     from packer.intake import extract_all
     from packer.session import discover, load_session, no_sessions
 
@@ -62,7 +66,10 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
                        + (" (metadata.json from the sidecar)" if e.sidecar_used else ""))
     for z, why in sorted(bad_zips.items()):
         click.echo(f"FAIL  {z}: {why}")
-    paths = discover(root)
+    paths, skipped, _ = unique_sessions(discover(root))
+    skipped = {e.zip_path.name: e.why for e in unzipped if e.status == "duplicate"} | skipped
+    for name, why in sorted(skipped.items()):
+        click.echo(f"skip  {name}: {why}")
     if not paths and not bad_zips:
         raise no_sessions(root)
     bad = len(bad_zips)
@@ -102,10 +109,14 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
               help="--no-glove: no encoders.json (BLE not connected).")
 @click.option("--capture", type=click.Choice(["ultrawide", "arkit"]), default="ultrawide", show_default=True,
               help="arkit: the legacy ARKit layout (metric poses, no IMU).")
+@click.option("--clock-step", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="The phone's wall clock jumps by this much mid-recording (an NTP correction: imu.json, "
+                   "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
-          profile: str | None, export: str, fps: str, glove: bool, capture: str, workers: int) -> None:
+          profile: str | None, export: str, fps: str, glove: bool, capture: str, clock_step: float,
+          workers: int) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
@@ -119,7 +130,8 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
     if profile is not None:
         motion, fx = PROFILES[profile]
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
-                          export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx)
+                          export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
+                          clock_step=clock_step)
     click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
 
 
@@ -172,6 +184,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
         r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready, frames=frames)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
+    for name, why in sorted(r.skipped.items()):
+        click.echo(f"skip  {name}: {why}", err=True)
     for name, ws in sorted(r.warnings.items()):
         for w in ws:
             click.echo(f"warn  session {name}: {w}", err=True)
@@ -251,7 +265,7 @@ def _slam_stage(cfg: Config, quiet: bool):
     def prepare(sessions) -> dict[str, str]:
         failed = {}
         todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
-        for r in slam_sessions(todo, opts) if todo else []:
+        for r in slam_sessions(todo, opts, isolate=True) if todo else []:
             if r.status == "failed":
                 failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
         return failed
@@ -337,6 +351,7 @@ def _report_budget(cfg: Config, out_dir: Path, quota: str | None) -> dict | None
             "suggestions": list(b.suggestions)}
 
 
-from packer.slam_cli import slam as _slam  # noqa: E402
+with quiet_imports():
+    from packer.slam_cli import slam as _slam  # noqa: E402
 
 main.add_command(_slam)

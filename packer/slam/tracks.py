@@ -132,7 +132,7 @@ def _lk(a: np.ndarray, b: np.ndarray, pts: np.ndarray, opt: TrackOptions,
     p0 = pts.reshape(-1, 1, 2).astype(np.float32)
     guess = None if init is None else init.reshape(-1, 1, 2).astype(np.float32).copy()
     flags = 0 if init is None else cv2.OPTFLOW_USE_INITIAL_FLOW
-    p1, st, _ = cv2.calcOpticalFlowPyrLK(a, b, p0, guess, winSize=(opt.win, opt.win),  # type: ignore[call-overload]
+    p1, st, _ = cv2.calcOpticalFlowPyrLK(a, b, p0, guess, winSize=(opt.win, opt.win),  # type: ignore[call-overload,arg-type]
                                          maxLevel=opt.levels, criteria=crit, flags=flags)
     h, w = b.shape
     p1 = p1.reshape(-1, 2)

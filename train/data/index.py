@@ -54,6 +54,9 @@ class ShardIndex:
     image_size: tuple[int, int]  # (width, height)
     stats: dict[str, Any] = field(default_factory=dict)
     pose_metric: bool = True
+    # session -> what the phone recorded (index.json "content_key", packer.duplicates):
+    # two names with one key are one recording, which split_sessions never splits
+    session_content: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_samples(self) -> int:
@@ -120,6 +123,7 @@ class ShardIndex:
             image_size=self.image_size,
             stats=self.stats,
             pose_metric=self.pose_metric,
+            session_content=self.session_content,
         )
 
     def sessions_present(self) -> list[str]:
@@ -209,6 +213,8 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         image_size=image_size,
         stats=dict(doc.get("stats", {})),
         pose_metric=metric,
+        session_content={n: str(e["content_key"]) for n, e in sessions.items()
+                         if isinstance(e, dict) and e.get("content_key")},
     )
 
 

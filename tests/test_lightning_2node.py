@@ -49,6 +49,14 @@ def _put(remote, files: dict[str, str]) -> None:
         remote.write_file(name, text.encode())
 
 
+def _requeued_or_ended(remote, rec, seen: int) -> str | None:
+    """"requeued" once the log holds more than `seen` requeues, the final state once the job ended."""
+    if read_log(remote, rec).count("requeueing job") > seen:
+        return "requeued"
+    state = query_state(remote, "slurm", rec.job_id).state
+    return state if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None
+
+
 # ---------------------------------------------------------------- the NAVSIM-style job, end to end
 @pytest.mark.slow
 def test_lightning_2x2_trains_requeues_at_the_wall_clock_and_resumes_from_last_ckpt(
@@ -60,7 +68,8 @@ def test_lightning_2x2_trains_requeues_at_the_wall_clock_and_resumes_from_last_c
     remote_dir = "lightning"
     files = _staged(site, remote_dir, tmp_path, monkeypatch)
     # 2 minutes: the script saves last.ckpt and stops at 80 s (SHARDSHIP_TIME_LIMIT), the job requeues.
-    # 2 epochs x 40 steps x 1 s of "compute": run 1 cannot finish, run 2 finishes what is left.
+    # 2 epochs x 40 steps x 1 s of "compute": run 1 cannot finish, run 2 finishes what is left (on a quiet
+    # machine: 4 ranks start in ~20 s; where start-up takes longer, run 2 may stop at 80 s again).
     cluster = site.cluster(remote_dir, scheduler="slurm", nodes=2, gpus=0, cpus=2, mem="3G", time="00:02:00")
     cfg = make_cfg(tmp_path, tmp_path, cluster, num_workers=0)
     command = ("python lightning_train.py trainer.max_epochs=2 data.batch_size=8 data.size=1280 "
@@ -78,23 +87,34 @@ def test_lightning_2x2_trains_requeues_at_the_wall_clock_and_resumes_from_last_c
             assert re.search(r"srun --kill-on-bad-exit=1 .*python\S* \\\n    lightning_train.py trainer.max_epochs=2 "
                              r"data.batch_size=8 ", script), script
             assert "torchrun" not in script and "SHARDSHIP_TIME_LIMIT=80" in script
-            log = wait_for("the requeue", lambda: _log_has(remote, rec, "requeueing job"), 300)
-            m = re.search(r"time limit: saved last.ckpt at global step (\d+)", log)
-            assert m and int(m.group(1)) > 0, log
-            stopped = int(m.group(1))
-            _release(remote, rec.job_id)
-            st = sched.finished(remote, rec, "run 2 to finish", 300)
+            # each run stops at 80 s with last.ckpt and is requeued; on a loaded machine (slow start-up) run 2
+            # may stop again: release every requeue (SLURM would hold it 2 minutes) until the job completes
+            requeues = 0
+            while True:
+                seen = requeues
+                what = wait_for("a requeue or the end", lambda: _requeued_or_ended(remote, rec, seen), 300)
+                if what != "requeued":
+                    break
+                requeues += 1
+                assert requeues <= 4, read_log(remote, rec)
+                _release(remote, rec.job_id)
+            st = query_state(remote, "slurm", rec.job_id)
             log = read_log(remote, rec)
-            assert st.state == "COMPLETED" and st.restarts >= 1, f"{st}\n{log}"
-            run2 = log[log.index("restart 1 on node[1-2]"):]
-            assert re.search(r"Restored all states from the checkpoint at \S+/last\.ckpt", run2), run2
+            assert st.state == "COMPLETED" and st.restarts >= 1 and requeues >= 1, f"{st}\n{log}"
+            runs = re.split(r"shardship: job \d+ \(lit\) restart \d+ on ", log)[1:]
+            assert len(runs) == requeues + 1, log
+            m = re.search(r"time limit: saved last.ckpt at global step (\d+)", runs[0])
+            assert m and int(m.group(1)) > 0, runs[0]
+            stopped = int(m.group(1))
+            assert re.search(r"Restored all states from the checkpoint at \S+/last\.ckpt", runs[1]), runs[1]
             starts = re.findall(r"lightning: rank (\d)/4 on (node\d) .* world size 4, starting at global step (\d+)",
-                                run2)
-            assert sorted(r for r, _, _ in starts) == ["0", "1", "2", "3"], run2
-            assert {n for _, n, _ in starts} == {"node1", "node2"}, run2
-            assert {int(s) for _, _, s in starts} == {stopped} and stopped > 0, run2  # Lightning's step, not 0
-            done = re.findall(r"lightning: rank (\d)/4 done at global step 80 epoch 2", run2)
-            assert sorted(done) == ["0", "1", "2", "3"], run2
+                                runs[1])
+            assert sorted(r for r, _, _ in starts) == ["0", "1", "2", "3"], runs[1]
+            assert {n for _, n, _ in starts} == {"node1", "node2"}, runs[1]
+            assert {int(s) for _, _, s in starts} == {stopped}, runs[1]  # Lightning's own step, not 0
+            done = re.findall(r"lightning: rank (\d)/4 done at global step 80 epoch 2", runs[-1])
+            assert sorted(done) == ["0", "1", "2", "3"], runs[-1]
+            print(f"lightning 2x2: {requeues} requeue(s), run 1 stopped at global step {stopped}")
             # train status / logs / fetch on it
             [(srec, sst, _)] = [row for row in job_status(cfg, cluster, remote=remote) if row[0].job_id == rec.job_id]
             assert sst.state == "COMPLETED" and sst.restarts >= 1, sst

@@ -21,7 +21,7 @@ import pytest
 from shardship.errors import ShardshipError
 from tests import test_schedulers as sched
 from tests.test_schedulers import PY, SLURM, Site, cancel, make_cfg, read_log, wait_for, wipe
-from tests.test_slurm_2node import _log_has, _release
+from tests.test_slurm_2node import _release
 from train.jobs.status import query_state
 from train.jobs.submit import submit_job
 
@@ -91,8 +91,8 @@ def test_lightning_2x2_trains_requeues_at_the_wall_clock_and_resumes_from_last_c
             # may stop again: release every requeue (SLURM would hold it 2 minutes) until the job completes
             requeues = 0
             while True:
-                seen = requeues
-                what = wait_for("a requeue or the end", lambda: _requeued_or_ended(remote, rec, seen), 300)
+                what = wait_for("a requeue or the end",
+                                lambda seen=requeues: _requeued_or_ended(remote, rec, seen), 300)
                 if what != "requeued":
                     break
                 requeues += 1

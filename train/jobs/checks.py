@@ -93,7 +93,8 @@ def check_cpus(spec: JobSpec, workers_setting: str = WORKERS_SETTING) -> list[Fi
             "error", "cpus",
             f"num_workers = {spec.num_workers} per rank but each rank gets {per_rank} cores ({spec.cpus_per_node} "
             f"cores / {spec.ranks_per_node} ranks): workers would fight for cores; set "
-            f"{workers_setting.format(n=max(per_rank - 1, 1))} or cpus = {spec.ranks_per_node * (spec.num_workers + 1)}"))
+            f"{workers_setting.format(n=max(per_rank - 1, 1))} or "
+            f"cpus = {spec.ranks_per_node * (spec.num_workers + 1)}"))
     elif spec.num_workers == per_rank and per_rank > 1:
         out.append(Finding("warning", "cpus",
                            f"num_workers = {spec.num_workers} uses every core of a rank; the "

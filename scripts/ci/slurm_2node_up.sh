@@ -5,10 +5,10 @@
 # only inside this machine. Two partitions, so `train where` and `train submit --partitions`
 # have something to choose between:
 #   debug  node1,node2  (default; multi-node jobs)        short  node2 only
-# Each node also has 2 GRES "gpu"s backed by null devices (/dev/shardship_gpuN = /dev/null's
-# c 1 3; slurm 22.05 drops a count-only gpu line without File=), so a rendered `--gres=gpu:N`
-# is accepted and scheduled as on a GPU cluster while the job runs on CPU (a CPU torch sees no
-# CUDA; SLURM only sets CUDA_VISIBLE_DEVICES). For tests/test_lightning_2node.py.
+# Each node also has 2 GRES "gpu"s backed by /dev/null and /dev/zero (slurm 22.05 drops a
+# count-only gpu line without File=; task/none never touches the devices), so a rendered
+# `--gres=gpu:N` is accepted and scheduled as on a GPU cluster while the job runs on CPU (a CPU
+# torch sees no CUDA; SLURM only sets CUDA_VISIBLE_DEVICES). For tests/test_lightning_2node.py.
 # For tests/test_schedulers.py and tests/test_slurm_2node.py (marker `slurm`); the one-node
 # tests run on it too. Adapted from ../shared/reference/slurm_2node_up.sh (verified there).
 #
@@ -72,8 +72,7 @@ chown -R slurm /var/lib/slurm /var/log/slurm
 # KillWait=5: SIGKILL 5 s after SIGTERM (default 30). MinJobAge=3600: finished jobs stay
 # visible to `scontrol show job` for an hour. SlurmdTimeout=20: a node whose slurmd is gone is
 # DOWN after ~20 s (default 300), and its job is requeued (--requeue) instead of waiting.
-for g in 0 1; do [ -e /dev/shardship_gpu$g ] || mknod -m 666 /dev/shardship_gpu$g c 1 3; done
-echo "Name=gpu File=/dev/shardship_gpu[0-1]" > /etc/slurm/gres.conf
+echo "Name=gpu File=/dev/null,/dev/zero" > /etc/slurm/gres.conf
 cat > /etc/slurm/slurm.conf <<CFG
 ClusterName=ci2
 GresTypes=gpu

@@ -76,7 +76,10 @@ class _Pipe:
         msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
         if session:
             msg["sessionId"] = session
-        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        try:
+            os.write(self._w, json.dumps(msg).encode() + b"\0")
+        except BrokenPipeError:  # chromium died before reading: say why, as a closed read side does
+            raise self._died() from None
         while True:
             m = self._next(timeout)
             if m.get("id") == self._id:
@@ -106,13 +109,16 @@ class _Pipe:
                 raise TimeoutError(f"chromium said nothing for {timeout:.0f} s")
             chunk = os.read(self._r, 1 << 20)
             if not chunk:
-                code = self.proc.wait()
-                self._log.seek(0)
-                err = self._log.read().decode(errors="replace")[-800:]
-                raise BrowserUnavailable(f"chromium exited ({code}): {err.strip()}")
+                raise self._died()
             self._buf += chunk
         raw, self._buf = self._buf.split(b"\0", 1)
         return json.loads(raw)
+
+    def _died(self) -> BrowserUnavailable:
+        code = self.proc.wait()
+        self._log.seek(0)
+        err = self._log.read().decode(errors="replace")[-800:]
+        return BrowserUnavailable(f"chromium exited ({code}): {err.strip()}")
 
     def close(self) -> None:
         self._log.close()

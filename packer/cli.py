@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from shardship.cliopts import config_option, friendly_errors, host_key_option
+from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
 from shardship.config import Config, PackOptions, load_config
-from shardship.errors import Exit, SessionError
+from shardship.errors import Exit, SessionError, ShardshipError
 from shardship.pil import describe
-from shardship.units import human
+from shardship.units import human, plural
 
 CONFIG_OPT = config_option()
 
@@ -21,8 +21,7 @@ def _cfg(config_path: str | None) -> Config:
     return load_config(config_path)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="shardship")
+@tool_group
 def main() -> None:
     """shardship packer: phone sessions -> metric poses -> 224x224 tar shards.
 
@@ -72,15 +71,16 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
             bad += 1
             click.echo(f"FAIL  {e}")
     total = len(paths) + len(bad_zips)
-    click.echo(f"{total - bad} of {total} sessions ok")
+    click.echo(f"{total - bad} of {total} {plural('session', total)} ok")
     sys.exit(Exit.PARTIAL if bad else Exit.OK)
 
 
 @main.command()
-@click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True)
-@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True,
+              help="Where the sessions go (the raw directory `packer check` / `pack` read).")
+@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True, help="How many sessions.")
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same bytes.")
 @click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static"]), default="hand",
               show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
               "scale is unobservable (SLAM must refuse); static: identical frames.")
@@ -106,7 +106,7 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: 
 
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture)
-    click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
+    click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}" + (" as zip exports" if export == "zip" else ""))
 
 
 def _pack_options(cfg: Config, **flags) -> PackOptions:
@@ -147,7 +147,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
                          compress=compress,
-                         shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
+                         shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb is not None else None)
+    opts.validate("--shard-mb" if shard_mb is not None else f"{cfg.path or 'shardship.toml'} [pack]")
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
     # the workers start on a first pack's frames before numpy and the sessions are loaded
@@ -169,7 +170,7 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
 
         raise no_sessions(raw_dir)
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
-    click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
+    click.echo(f"packed {len(r.packed)} {plural('session', len(r.packed))}, kept {len(r.reused)} unchanged, {len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"
@@ -239,7 +240,7 @@ def _slam_stage(cfg: Config, quiet: bool):
         todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
         for r in slam_sessions(todo, opts) if todo else []:
             if r.status == "failed":
-                failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
+                failed[r.session] = f"slam: {r.reason} (fix it, or pack without poses: --no-slam)"
         return failed
 
     return prepare, ready
@@ -248,17 +249,27 @@ def _slam_stage(cfg: Config, quiet: bool):
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
 @click.option("--quota", default=None, help="Quota to check against, e.g. 10G [cluster quota or 10G].")
-@click.option("--remote", "remote", default=None, metavar="NAME",
-              help="Read the live quota from [cluster.NAME] (or local:PATH).")
+@cluster_option
+@click.option("--remote", "remote", default=None, metavar="NAME", hidden=True,
+              help="Deprecated name of --cluster.")
 @click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 2].")
 @click.option("--env", "env_size", default=None, help="Python env size on the cluster, 0 if a module [4G].")
 @host_key_option
 @CONFIG_OPT
 @friendly_errors
-def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:
-    """Will data + checkpoints + env fit the cluster quota? Exit 3 when over."""
+def budget(out, quota, cluster, remote, keep, env_size, accept_new_host_key, config_path) -> None:
+    """Will data + checkpoints + env fit the cluster quota? Exit 3 when over.
+
+    With --cluster, the quota is read live from the cluster; without, from
+    [cluster] quota in shardship.toml (or --quota)."""
     from train.budget import plan_budget, render
 
+    if remote is not None:
+        if cluster is not None and cluster != remote:
+            raise ShardshipError(f"--remote is the old name of --cluster: give one (--cluster {cluster})")
+        click.echo("warning: --remote is deprecated: use --cluster NAME", err=True)
+        cluster = remote
+    remote = cluster
     cfg = _cfg(config_path)
     b, source = plan_budget(cfg, Path(out) if out else cfg.packed, quota=quota, remote=remote, keep=keep,
                             env_size=env_size, accept_new_host_key=accept_new_host_key)

@@ -88,12 +88,18 @@ def _is_within(p: Path, root: Path) -> bool:
         return False
 
 
+SESSION_MARKERS = ("metadata.json", "rgb", "imu.json", "encoders.json", "calib.txt")  # what the app writes
+
+
 def discover(raw: str | os.PathLike) -> list[Path]:
     """Session directories under `raw`: every non-hidden subdirectory, sorted.
     A directory without rgb/ is still returned so `check` can say what is wrong."""
     root = Path(raw)
     if not root.is_dir():
         raise ShardshipError(f"raw directory {root} not found: pass --raw DIR or run `packer synth --out {root}`")
+    if any((root / m).exists() for m in SESSION_MARKERS):  # its rgb/ would be taken for a session
+        raise ShardshipError(f"{root} is a session folder, not the raw directory: give its parent "
+                             f"(--raw {root.parent})")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 

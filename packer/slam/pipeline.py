@@ -49,6 +49,11 @@ class SlamResult:
     plot: Path | None = None
 
     @property
+    def reason(self) -> str:
+        """The message without its "session NAME: " head, for a line that names the session already."""
+        return self.message.removeprefix(f"session {self.session}: ")
+
+    @property
     def failed(self) -> bool:
         return self.status == "failed"
 

@@ -145,6 +145,9 @@ def empty(options: dict[str, Any], pil: str) -> dict[str, Any]:
 
 
 def _read_bytes(directory: str | os.PathLike, required: bool) -> tuple[bytes | None, str]:
+    if Path(directory).is_file():  # `--data data/packed/index.json`: a NotADirectoryError traceback
+        raise ShardshipError(f"{directory} is a file: give the folder that holds {INDEX} "
+                             f"({Path(directory).parent}), not the file")
     p = Path(directory) / INDEX
     try:
         return p.read_bytes(), str(p)

@@ -106,7 +106,8 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: 
 
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture)
-    click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}" + (" as zip exports" if export == "zip" else ""))
+    click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
+               + (" as zip exports" if export == "zip" else ""))
 
 
 def _pack_options(cfg: Config, **flags) -> PackOptions:
@@ -170,7 +171,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
 
         raise no_sessions(raw_dir)
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
-    click.echo(f"packed {len(r.packed)} {plural('session', len(r.packed))}, kept {len(r.reused)} unchanged, {len(r.failed)} failed"
+    click.echo(f"packed {len(r.packed)} {plural('session', len(r.packed))}, kept {len(r.reused)} unchanged, "
+               f"{len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"

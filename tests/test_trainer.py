@@ -265,7 +265,9 @@ def test_sigterm_checkpoints_and_stops_then_resumes(packed: Path, tmp_path: Path
     r = subprocess.run(cmd + ["--max-steps", str(ck["step"] + 2)], cwd=ROOT, env=_env(), capture_output=True,
                        text=True, timeout=200)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"at step {ck['step']}," in r.stdout + r.stderr and f"done: step {ck['step'] + 2}/{ck['step'] + 2} (--max-steps; the schedule has 400 steps" in r.stdout
+    k = ck["step"] + 2
+    assert f"at step {ck['step']}," in r.stdout + r.stderr
+    assert f"done: step {k}/{k} (--max-steps; the schedule has 400 steps" in r.stdout
 
 
 class _Boom:

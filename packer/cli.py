@@ -93,9 +93,11 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--capture", type=click.Choice(["ultrawide", "arkit"]), default="ultrawide", show_default=True,
               help="arkit: the legacy ARKit layout (metric poses, no IMU).")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
+@click.option("--quiet", is_flag=True,
+              help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: str, fps: str, glove: bool,
-          capture: str, workers: int) -> None:
+          capture: str, workers: int, quiet: bool) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
@@ -105,7 +107,7 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: 
     from packer.synth import synth_dataset
 
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
-                          export=export, fps=float(fps), encoders=glove, capture=capture)
+                          export=export, fps=float(fps), encoders=glove, capture=capture, progress=not quiet)
     click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
                + (" as zip exports" if export == "zip" else ""))
 
@@ -222,27 +224,40 @@ def _slam_stage(cfg: Config, quiet: bool):
     whose inputs did not change costs a stat per frame, asked of the sessions pack
     has loaded already). ARKit sessions are skipped. Returns (prepare, ready) for
     packer.pack.pack: ready(session) is True when its result is cached, so pack may
-    encode its frames before prepare runs."""
+    encode its frames before prepare runs. Without a [scale] method in the config, a
+    session keeps the scale method its last `packer slam` used (--scale none stays none)."""
+    import dataclasses
+
     from packer.slam import SlamOptions, slam_sessions
     from packer.slam.pipeline import cached_by_stat
+    from packer.slam.store import scale_choice
 
     opts = SlamOptions.from_config(cfg.slam, cfg.scale)
     opts.progress = not quiet
     opts.validate()
     cached: set[str] = set()
 
+    def opts_for(session) -> SlamOptions:
+        choice = None if "method" in cfg.scale else scale_choice(session)
+        return dataclasses.replace(opts, **choice) if choice else opts
+
     def ready(session) -> bool:
-        if cached_by_stat(session, opts) is None:
+        if cached_by_stat(session, opts_for(session)) is None:
             return False
         cached.add(session.name)
         return True
 
     def prepare(sessions) -> dict[str, str]:
         failed = {}
-        todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
-        for r in slam_sessions(todo, opts) if todo else []:
-            if r.status == "failed":
-                failed[r.session] = f"slam: {r.reason} (fix it, or pack without poses: --no-slam)"
+        groups: dict[str, tuple[SlamOptions, list]] = {}
+        for s in sessions:
+            if s.name not in cached and not ready(s):
+                o = opts_for(s)
+                groups.setdefault(repr(o), (o, []))[1].append(s.path)
+        for o, todo in groups.values():
+            for r in slam_sessions(todo, o):
+                if r.status == "failed":
+                    failed[r.session] = f"slam: {r.reason} (fix it, or pack without poses: --no-slam)"
         return failed
 
     return prepare, ready

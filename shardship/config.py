@@ -147,7 +147,7 @@ def _table(data: dict[str, Any], name: str, p: Path) -> dict[str, Any]:
     return value
 
 
-def _known(d: dict[str, Any], known: tuple[str, ...], what: str, fmt: str = "{}") -> None:
+def _known(d: dict[str, Any], known: tuple[str, ...], what: str, fmt: str = "'{}'") -> None:
     """A misspelt name is an error naming the close one: ignored, its settings silently
     would not apply ([trian] trains with every default)."""
     import difflib

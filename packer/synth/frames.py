@@ -7,6 +7,7 @@ quickly; the principal point follows COLMAP's pixel-centre convention because
 calib.txt carries it in that convention."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,7 +89,7 @@ def render_frames(rgb_dir: Path, spec: SessionSpec, world: World) -> int:
     bytes written (the placeholder video is sized from it). A static session
     renders once: every frame is the same image."""
     frames: Any = spec.present
-    if spec.progress:
+    if spec.progress and sys.stderr.isatty():  # a per-frame bar only where it redraws in place
         from tqdm import tqdm
 
         frames = tqdm(frames, desc=spec.name, unit="frame", leave=False)

@@ -167,6 +167,9 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
             click.echo(f"warn  session {name}: {w}", err=True)
     for name, why in sorted(r.failed.items()):
         click.echo(f"FAIL  session {name}: {why}", err=True)
+    for name in sorted(r.removed):  # a session moved out of raw/: its shards go, say so
+        click.echo(f"removed session {name} from index.json: it is no longer in {raw_dir} (put it back and "
+                   "re-run to keep it)", err=True)
     n_ok = len(r.packed) + len(r.reused)
     if not n_ok and not r.failed:
         from packer.session import no_sessions
@@ -174,7 +177,7 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
         raise no_sessions(raw_dir)
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
     click.echo(f"packed {len(r.packed)} {plural('session', len(r.packed))}, kept {len(r.reused)} unchanged, "
-               f"{len(r.failed)} failed"
+               f"{f'removed {len(r.removed)}, ' if r.removed else ''}{len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"

@@ -110,13 +110,32 @@ def no_sessions(root: str | os.PathLike) -> ShardshipError:
 
 
 def read_json(session_name: str, path: Path) -> Any:
+    """A session's JSON file. One that stops mid-document is a truncated export (the app
+    stopped while writing it), which only a new export fixes: it says so."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read(), parse_constant=_reject_constant)
+            data = f.read()
+        return json.loads(data, parse_constant=_reject_constant)
     except FileNotFoundError:
         raise SessionError(session_name, path.name, "missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+    except json.JSONDecodeError as e:
+        if _ends_early(e):
+            raise SessionError(session_name, path.name, f"truncated after {len(data):,} bytes (the app was stopped "
+                               "while writing?): re-export the session from the phone") from None
         raise SessionError(session_name, path.name, f"not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SessionError(session_name, path.name, f"not valid JSON ({e})") from None
+
+
+def _ends_early(e: json.JSONDecodeError) -> bool:
+    """Did the parse fail because the text stops (a truncated file), not on a bad character?
+    The parser ran out of text, or the file lacks its closing bracket and failed near the
+    end or inside a string it never closed (a cut can land mid-number: "1." fails on ".")."""
+    text = e.doc.rstrip()
+    if e.msg.startswith("Extra data"):  # a whole document, then more
+        return False
+    return e.pos >= len(text) or (not text.endswith(("}", "]")) and
+                                  (len(text) - e.pos <= 64 or e.msg.startswith("Unterminated string")))
 
 
 def _reject_constant(name: str) -> float:

@@ -38,6 +38,8 @@ SAMPLE_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "h
 RESERVED_SUFFIXES = (".part", TMP_SUFFIX)
 #: what every validation error tells the user to do
 REPACK = "re-run `packer pack`"
+#: ... and for the copy on the cluster, which the local pack rewrites
+REUPLOAD = "run `transfer upload` again (it rewrites the cluster's copy from your packed directory)"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NUMERIC = SAMPLE_FIELDS[1:]  # the integer columns, in table order
@@ -171,13 +173,19 @@ def load(directory: str | os.PathLike, *, required: bool = True) -> dict[str, An
     return None if data is None else parse(data, where).doc
 
 
-def parse(data: bytes | str, where: str = INDEX) -> Index:
-    """index.json bytes -> a validated Index. Pure: `where` only names the file in errors."""
+def parse(data: bytes | str, where: str = INDEX, fix: str = REPACK) -> Index:
+    """index.json bytes -> a validated Index. Pure: `where` only names the file in errors;
+    `fix` is what they tell the user to do (REUPLOAD for the cluster's copy)."""
     try:
-        doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardshipError(f"{where}: not valid JSON ({e}); {REPACK}") from None
-    return validate(doc, where)
+        try:
+            doc = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ShardshipError(f"{where}: not valid JSON ({e}); {REPACK}") from None
+        return validate(doc, where)
+    except ShardshipError as e:
+        if fix == REPACK or not str(e).endswith(REPACK):
+            raise
+        raise ShardshipError(str(e)[:-len(REPACK)] + fix, e.code) from None
 
 
 def save(directory: str | os.PathLike, index: dict[str, Any]) -> None:

@@ -167,9 +167,9 @@ def _remote_index(spec: JobSpec, remote: Any | None, findings: list[checks.Findi
                                                         "run `transfer upload` first"))
         return None
     try:
-        return fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}").doc
+        return fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}", fix=fmt.REUPLOAD).doc
     except ShardshipError as e:  # a damaged or partial upload: say so, the other checks still run
-        findings.append(checks.Finding("error", "data", f"{e}; re-run `transfer upload`"))
+        findings.append(checks.Finding("error", "data", str(e)))
     except (RemoteError, OSError) as e:
         findings.append(checks.Finding("error", "data", f"cannot read {index_path} on {remote.label}: {e}"))
     return None

@@ -50,6 +50,10 @@ DEFAULTS: dict[str, Any] = {
     "color_jitter": True,  # stack: brightness/contrast/saturation jitter (training only)
 }
 MODEL_KEYS = frozenset(DEFAULTS)
+# backbone_weights = "hub": torchvision's ResNet18_Weights.IMAGENET1K_V1 in the torch hub cache
+# (train.backbone loads it; train.jobs.jobenv checks or ships it for a job)
+HUB_FILE = "resnet18-f37072fd.pth"
+HUB_URL = f"https://download.pytorch.org/models/{HUB_FILE}"
 
 # Named sizes. "small" (the defaults, ~6.8M parameters, ~110 MB per checkpoint)
 # suits a 10 GB home quota; "tiny" trains on a laptop CPU in minutes (the demo);

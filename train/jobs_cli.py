@@ -169,6 +169,7 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
     `setup` lines, CUDA (a login node cannot say for the GPU nodes: it says so), modules, the
     scheduler's commands, quota and inodes, free space for checkpoints. Exit 1 when a check fails."""
     from shardship.errors import Exit, ShardshipError
+    from train.config import model_config
     from train.jobs.doctor import run_doctor
     from train.jobs.measure import checkpoint_size
     from train.jobs.remote import connected
@@ -182,7 +183,7 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
     keep = train_settings(train)["keep"]
     with connected(cl, None, accept_new_host_key) as r:
         click.echo(f"[cluster.{cl.name}] {r.label}: {r.root}")
-        checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep))
+        checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep), model_config(train))
     for c in checks:
         click.echo(str(c))
     failed = [c for c in checks if c.level == "fail"]

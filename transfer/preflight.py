@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from shardship.errors import Exit, RemoteError, ShardshipError
+from shardship.format import index
 from shardship.units import parse_size
 from transfer import unpack
 from transfer.hashing import sha256_many
@@ -156,12 +157,11 @@ def check_remote_version(remote: Remote, index_bytes: bytes) -> None:
     older format: a newer shardship wrote it (another machine, a colleague), and silently
     swapping it would hand that one's jobs an index its reader may not expect."""
     try:
-        theirs = json.loads(remote.read_file(INDEX))
-    except (RemoteError, OSError, ValueError):
+        v = index.version_of(remote.read_file(INDEX))
+    except (RemoteError, OSError):
         return  # unreadable: the upload replaces it, as it replaces a damaged one
-    ours = json.loads(index_bytes).get("version")
-    v = theirs.get("version") if isinstance(theirs, dict) else None
-    if type(v) is int and type(ours) is int and v > ours:
+    ours = index.version_of(index_bytes)
+    if v is not None and ours is not None and v > ours:
         raise ShardshipError(
             f"{remote.label}:{remote.path(INDEX)} is format version {v}, newer than this pack's ({ours}): a newer "
             f"shardship uploaded it. Upgrade shardship here and re-run `packer pack`, or upload into another "

@@ -188,6 +188,17 @@ def parse(data: bytes | str, where: str = INDEX, fix: str = REPACK) -> Index:
         raise ShardshipError(str(e)[:-len(REPACK)] + fix, e.code) from None
 
 
+def version_of(data: bytes | str) -> int | None:
+    """The format version a document claims, without validating the rest (None when it
+    does not parse or says none): transfer compares it before replacing a remote index."""
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    v = doc.get("version") if isinstance(doc, dict) else None
+    return v if type(v) is int else None
+
+
 def save(directory: str | os.PathLike, index: dict[str, Any]) -> None:
     """Write the document atomically, with fresh `created` and `totals`. Not
     re-validated: packer saves after every session and builds rows with ShardWriter."""

@@ -105,3 +105,22 @@ def test_stack_weights_here_are_shipped_once_and_counted(tmp_path: Path, monkeyp
         assert jobenv.ship_weights(remote, w) is False  # content-addressed: once
     assert Path(w.remote).read_bytes() == mine.read_bytes()
     assert not list(Path(w.remote).parent.glob("*.part"))
+
+
+def test_budget_counts_the_stack_weights_and_takes_cluster(tmp_path: Path) -> None:
+    from tests.datasets import make_packed
+
+    out = make_packed(tmp_path / "data", sessions=1, frames=20, seed=1)
+    cfg = tmp_path / "stack.toml"
+    cfg.write_text('[train.model]\npreset = "stack"\n')
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_HOME": str(tmp_path / "none")}
+    for flag in ("--cluster", "--remote"):  # --remote: the old name, still accepted, with a warning
+        r = subprocess.run([sys.executable, "-m", "packer", "budget", "--config", str(cfg), "--out", str(out),
+                            flag, f"local:{home}"], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode in (0, 3) and "Traceback" not in r.stderr, r.stderr
+        (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith("ResNet18 weights")]
+        assert "44.7 MB" in row or "44.7 MiB" in row, row
+        assert f"on local:{home}" in r.stdout, r.stdout
+        assert ("--remote is deprecated" in r.stderr) == (flag == "--remote"), r.stderr

@@ -1,5 +1,5 @@
 """Messages that gave the wrong fix (issue 21.9), each as the user meets it: the real
-command, the real file system (a 1 MiB tmpfs for the full disk)."""
+command. (The first checkpoint on a full disk is in test_trainer.py, beside its twin.)"""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import ROOT, is_root
+from tests.conftest import ROOT
 from tests.sshd import make_packed
 
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
@@ -43,27 +41,6 @@ def test_older_pack_never_silently_replaces_a_newer_remote_index(tmp_path: Path)
     assert "format version 2, newer than this pack's (1)" in r.stderr and "nothing was sent" in r.stderr, r.stderr
     assert json.loads((home / "shardship" / "index.json").read_text()) == newer
     assert not list((home / "shardship").glob("*.tar"))
-
-
-@pytest.mark.skipif(not is_root(), reason="mounting a tmpfs needs root")
-def test_first_checkpoint_that_does_not_fit_does_not_claim_an_earlier_one(tmp_path: Path) -> None:
-    import torch
-
-    from shardship.errors import QuotaError
-    from train.checkpoint import save_checkpoint
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        with pytest.raises(QuotaError) as e:
-            save_checkpoint({"format": "shardship-checkpoint", "step": 1, "w": torch.ones(400_000)}, mnt / "last.pt")
-        assert "intact" not in str(e.value) and "no earlier checkpoint" in str(e.value), str(e.value)
-        assert not list(mnt.iterdir())
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_truncated_imu_json_says_reexport(raw_copy: Path) -> None:

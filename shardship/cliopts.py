@@ -86,7 +86,7 @@ class Group(click.Group):
         except click.Abort:
             click.echo("aborted", err=True)
             sys.exit(1)
-        sys.exit(rv if isinstance(rv, int) else 0)
+        sys.exit(rv if type(rv) is int else 0)  # click.exceptions.Exit (--help, --version) returns its code
 
 
 def tool_group(fn: Callable[..., Any]) -> click.Group:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from shardship.config import ClusterConfig, Config
 from tests.conftest import ROOT
-from train.config import HUB_FILE, HUB_URL
-from train.jobs import checks, jobenv
+from train.backbone import HUB_FILE, HUB_URL
+from train.jobs import checks
 from train.jobs.remote import connected
 from train.jobs.submit import submit_job
 
@@ -88,6 +88,8 @@ def test_stack_weights_on_the_cluster_are_found(tmp_path: Path) -> None:
 
 
 def test_stack_weights_here_are_shipped_once_and_counted(tmp_path: Path, monkeypatch) -> None:
+    from train.jobs import jobenv
+
     mine = tmp_path / "my-torch" / "hub" / "checkpoints" / HUB_FILE
     mine.parent.mkdir(parents=True)
     mine.write_bytes(os.urandom(3 * 2**20))

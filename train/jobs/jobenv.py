@@ -46,6 +46,8 @@ print({MARK!r} + json.dumps({{"python": sys.version.split()[0], "version_info": 
       "executable": sys.executable, "weights": w, "weights_bytes": os.path.getsize(w) if os.path.isfile(w) else None}}))
 """
 
+assert "Mapping" not in _PROBE, "jobenv._hub's signature changed: update the annotation strip above"
+
 
 def local_hub_file(environ: Mapping[str, str] | None = None) -> Path:
     """Where torch hub keeps the ResNet18 file on this machine (the rule the probe runs there)."""

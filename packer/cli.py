@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from packer.effects import EFFECTS, PROFILES
 from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
 from shardship.config import Config, PackOptions, load_config
 from shardship.errors import Exit, SessionError, ShardshipError
@@ -81,9 +82,17 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True, help="How many sessions.")
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same bytes.")
-@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static"]), default="hand",
+@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static", "fast"]), default="hand",
               show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
-              "scale is unobservable (SLAM must refuse); static: identical frames.")
+              "scale is unobservable (SLAM must refuse); static: identical frames; fast: real hand speeds "
+              "(to ~3 rad/s and 0.8 m/s, pauses, flicks).")
+@click.option("--effect", "effects", multiple=True, type=click.Choice(list(EFFECTS)),
+              help="What a real phone camera does, repeatable: glove (palm and fingers in view), lens (focal 3%% "
+              "off calib.txt, distortion), blur (8 ms), rolling-shutter (20 ms), exposure (auto-exposure and white "
+              "balance drift), low-texture (plain table and walls).")
+@click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
+              help="A SLAM benchmark profile: its motion and effects (overrides --motion and --effect); "
+              "'all' is fast motion with every effect.")
 @click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
               help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
 @click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,
@@ -96,18 +105,23 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--quiet", is_flag=True,
               help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @friendly_errors
-def synth(out: str, sessions: int, frames: int, seed: int, motion: str, export: str, fps: str, glove: bool,
-          capture: str, workers: int, quiet: bool) -> None:
+def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
+          profile: str | None, export: str, fps: str, glove: bool, capture: str, workers: int, quiet: bool) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
     clock), the glove's encoders (degrees, ESP32 millis, BLE receive times),
     calib.txt and metadata.json in the app's own JSON layout. Ground truth goes to
     synth_truth.json in each session; the pipeline never reads it."""
+    from packer.effects import CameraEffects
     from packer.synth import synth_dataset
 
+    fx = CameraEffects.from_names(effects)
+    if profile is not None:
+        motion, fx = PROFILES[profile]
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
-                          export=export, fps=float(fps), encoders=glove, capture=capture, progress=not quiet)
+                          export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
+                          progress=not quiet)
     click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
                + (" as zip exports" if export == "zip" else ""))
 
@@ -194,7 +208,7 @@ def _print_timings(cpu: dict[str, float]) -> None:
     import resource
 
     workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-    parts = {**cpu, "workers (decode, resize, encode, sha256)": workers.ru_utime + workers.ru_stime}
+    parts = {**cpu, "workers (decode, resize, encode, frame digest)": workers.ru_utime + workers.ru_stime}
     for phase, s in parts.items():
         click.echo(f"cpu   {s:7.3f} s  {phase}")
     click.echo(f"cpu   {sum(parts.values()):7.3f} s  total")

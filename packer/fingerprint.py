@@ -2,8 +2,9 @@
 
 Two levels, so a re-run is cheap and copying raw data around never forces a
 re-pack: a stat signature (names, sizes, mtimes: no reads) decides most re-runs;
-when it differs, the content fingerprint (sha256 of every input) decides. On the
-first pack the frame digests come from the worker processes, which read each frame
+when it differs, the content fingerprint (sha256 of the small input files, CRC-32
+and length of every frame: packer.imageops.frame_digest) decides. On the first
+pack the frame digests come from the worker processes, which read each frame
 anyway, so fingerprinting costs no extra pass over the data."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.imageops import frame_digest
 from packer.session import Session
 
 INPUT_FILES = ("poses.json", "encoders.json", "calib.txt", "metadata.json")
@@ -43,8 +45,8 @@ def file_digest(data: bytes) -> bytes:
 
 def content_fingerprint(session: Session, keep: Sequence[int] | np.ndarray, options: dict[str, Any],
                         format_version: int, frame_digests: Iterable[bytes] | None = None) -> str:
-    """sha256 over options + small input files + the kept frames' contents (read
-    here unless `frame_digests`, one per kept frame, are given)."""
+    """sha256 over options + small input files + the kept frames' digests
+    (frame_digest; read here unless `frame_digests`, one per kept frame, are given)."""
     h = hashlib.sha256(_header(options, format_version))
     for name in INPUT_FILES:
         p = session.file(name)
@@ -52,7 +54,7 @@ def content_fingerprint(session: Session, keep: Sequence[int] | np.ndarray, opti
         if p.exists():
             h.update(file_digest(p.read_bytes()))
     if frame_digests is None:
-        frame_digests = (file_digest(session.frame_paths[i].read_bytes()) for i in keep)
+        frame_digests = (frame_digest(session.frame_paths[i].read_bytes()) for i in keep)
     for i, d in zip(keep, frame_digests, strict=True):
         h.update(f"{int(session.frames[i])}\0".encode())
         h.update(d)

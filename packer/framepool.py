@@ -7,7 +7,9 @@ otherwise it starts at the first session fed. An encoded frame depends only on
 the file and the resize options, never on poses or SLAM, so early work is lost
 only for a session that then fails (its results are dropped).
 
-No numpy here: `prefeed` runs before the pack's own imports."""
+No numpy of its own here: `prefeed` runs before the pack's own imports. (numpy
+does come in with packer.imageops' simplejpeg, once, before the workers fork,
+where importing it in each worker would cost it twice.)"""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -96,7 +98,7 @@ class FramePool:
             self._dropped = True
 
     def results(self, name: str) -> Iterator[tuple[bytes | None, bytes | None, str | None]]:
-        """(jpeg, sha256 of the source, error) per frame of a fed session, in order."""
+        """(jpeg, frame_digest of the source, error) per frame of a fed session, in order."""
         for chunk in self._fed.pop(name)[1]:
             yield from chunk.get()
 

@@ -7,7 +7,6 @@ run resumes at the first unfinished session and an unchanged session (same
 fingerprint) is never re-encoded."""
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +21,7 @@ from packer.framepool import FramePool
 from packer.imageops import ResizeSpec
 from packer.intake import extract_all
 from packer.outdir import Publisher, disk_error, file_ok, locked, remember, shards_ok
-from packer.samples import SessionPlan, kept_frames, plan_session
+from packer.samples import SessionPlan, kept_frames, plan_session, sample_json
 from packer.session import (
     Session,
     discover,
@@ -391,7 +390,7 @@ def _encode_session(pending: Pending, results, pub: Publisher, opts: PackOptions
             meta = plan.metas[j]
             key = f"{s.name}/{meta['frame']:06d}"
             try:
-                writer.add(key, jpg, json.dumps(meta, separators=(",", ":")).encode(), meta["action"] is not None)
+                writer.add(key, jpg, sample_json(meta), meta["action"] is not None)
             except OSError as e:
                 writer.abort()
                 error = disk_error(e, out)

@@ -34,6 +34,9 @@ from shardship.units import plural
 @click.option("--marker-dict", default=None, help="ArUco dictionary (default DICT_4X4_50)")
 @click.option("--known-distance", default=None, metavar="A:B:METRES",
               help="camera centres of frames A and B are METRES apart (--scale known-distance)")
+@click.option("--mask", default=None, metavar="PNG",
+              help="black where corners must never be tracked (the glove's mount, a watermark); a path relative to "
+              "each session folder or absolute. Tracks that stay put while the camera turns are dropped anyway")
 @click.option("--plot", is_flag=True, default=False, help="write <session>/slam.png (top + side view)")
 @click.option("--jobs", type=int, default=None, help="sessions in parallel (default: cores / 2)")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="threads per session (default 2)")
@@ -41,12 +44,12 @@ from shardship.units import plural
 @click.option("--quiet", is_flag=True, default=False, help="no progress bars")
 def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapper: str | None,
          frontend: str | None, keyframe_step: int | None, scale_method: str | None, marker_size: float | None,
-         marker_dict: str | None, known_distance: str | None, plot: bool, jobs: int | None,
+         marker_dict: str | None, known_distance: str | None, mask: str | None, plot: bool, jobs: int | None,
          threads: int | None, force: bool, quiet: bool) -> None:
     """Camera poses in metres for each session: pycolmap SfM + IMU scale calibration."""
     try:
         code = _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
-                    known_distance, plot, jobs, threads, force, quiet)
+                    known_distance, mask, plot, jobs, threads, force, quiet)
     except ShardshipError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(int(e.code))
@@ -54,7 +57,7 @@ def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapp
 
 
 def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
-         known_distance, plot, jobs, threads, force, quiet) -> int:
+         known_distance, mask, plot, jobs, threads, force, quiet) -> int:
     from packer.session import discover
     from packer.slam import SlamOptions, slam_sessions
     from shardship.config import load_config
@@ -62,7 +65,7 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
     cfg = load_config(config_path)
     opts = SlamOptions.from_config(
         cfg.slam, cfg.scale, mapper=mapper, frontend=frontend, keyframe_step=keyframe_step, scale=scale_method,
-        marker_size=marker_size, marker_dict=marker_dict, known_distance=known_distance,
+        marker_size=marker_size, marker_dict=marker_dict, known_distance=known_distance, mask=mask,
         threads=threads, plot=plot or None, force=force or None, progress=False if quiet else None,
     )
     opts.validate()

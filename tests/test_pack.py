@@ -357,3 +357,23 @@ def test_touched_but_unchanged_session_is_not_reencoded(raw_copy: Path, tmp_path
     assert r.images == 0 and len(r.reused) == 3
     after = manifest.load(out)["sessions"]
     assert all(after[n]["stat_signature"] != sig_before[n] for n in after)  # refreshed: next run is stat-only
+
+
+def test_copied_session_with_one_changed_frame_of_the_same_size_is_repacked(raw_copy: Path, tmp_path: Path):
+    """The content fingerprint (CRC-32 + length per frame, no longer sha256) still
+    catches an edit: new mtimes everywhere (a copy) send every session to the
+    fingerprint; the one whose frame changed a byte, same size, re-packs and the
+    others are kept."""
+    out = tmp_path / "p"
+    pack(raw_copy, out, opts(), progress=False)
+    victim = sorted(raw_copy.iterdir())[2]
+    frame = sorted((victim / "rgb").iterdir())[3]
+    data = bytearray(frame.read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside the entropy-coded data: still a decodable JPEG
+    frame.write_bytes(bytes(data))
+    later = time.time() + 100
+    for f in raw_copy.rglob("*"):
+        os.utime(f, (later, later))
+    r = pack(raw_copy, out, opts(), progress=False)
+    assert r.packed == [victim.name] and len(r.reused) == 2 and not r.failed
+    assert_consistent(out)

@@ -41,8 +41,12 @@ class SfmOptions:
     seed: int = 0
     tracks_per_view: int = 200  # GLOMAP global positioning: tracks kept per image (speed)
     retriangulate: bool = True  # GLOMAP retriangulation + refinement: ~3-7x lower ATE, steadier scale
-    min_features: int = 64  # median features (SIFT or tracked corners) per image below this -> "no texture"
-    verify_trials: int = 20  # KLT: RANSAC trials at least (tracks are forward-backward checked: few outliers)
+    min_features: int = 64  # median SIFT features per image below this -> "no texture"
+    min_tracked: int = 24  # median tracked corners per keyframe below this -> "no texture" (KLT keeps only
+    # corners above an absolute strength floor, so a plain, blurred frame has tens, not hundreds)
+    verify_trials: int = 200  # KLT: RANSAC trials at least (20 let a camera-rigid point set pass as a geometry)
+    refine_intrinsics: bool = True  # calib.txt as the start of a SIMPLE_RADIAL camera whose focal length and k1
+    # bundle adjustment refines (the user's own COLMAP settings): calib.txt is the app's nominal matrix
 
 
 @dataclass
@@ -58,6 +62,8 @@ class SfmModel:
     other_models: list[int] = field(default_factory=list)  # registered images in the other models
     n_images: int = 0  # images given to SfM
     median_features: float = 0.0
+    camera: list[float] = field(default_factory=list)  # the camera's model parameters after bundle adjustment
+    frontend_note: str = ""  # set when another front-end than the one asked for made this model
 
     def camera_to_world(self) -> np.ndarray:
         """(M,4,4) camera-to-world poses (the inverse of COLMAP's cam_from_world)."""
@@ -111,21 +117,26 @@ def reconstruct(
         out = Path(tmp) / "sparse"
         out.mkdir()
         reader = pycolmap.ImageReaderOptions()
-        if intrinsics is not None:
+        radial = None if intrinsics is None else _radial_start(intrinsics, opt)
+        refine = intrinsics is None or radial is not None
+        if intrinsics is None:
+            reader.camera_model = "SIMPLE_RADIAL"
+        elif radial is not None:
+            reader.camera_model = "SIMPLE_RADIAL"
+            reader.camera_params = radial
+        else:
             reader.camera_model = "PINHOLE"
             reader.camera_params = ",".join(f"{v:.9g}" for v in intrinsics)
-        else:
-            reader.camera_model = "SIMPLE_RADIAL"
         if tracks is None:
             note("features")
             _sift_features(pycolmap, db, image_dir, image_names, reader, opt)
         counts = _feature_counts(db) if tracks is None else [len(p) for p in tracks.points]
         median_features = float(np.median(counts)) if counts else 0.0
-        if median_features < opt.min_features:
+        if median_features < (opt.min_features if tracks is None else opt.min_tracked):
             raise SfmError(
                 f"frames have almost no features (median {median_features:.0f} "
                 f"{'SIFT keypoints' if tracks is None else 'tracked corners'} per keyframe, need "
-                f"{opt.min_features}): blank, blurred or textureless images"
+                f"{opt.min_features if tracks is None else opt.min_tracked}): blank, blurred or textureless images"
             )
         note("matching")
         if tracks is None:
@@ -133,7 +144,7 @@ def reconstruct(
         else:
             _track_matches(pycolmap, db, image_dir, image_names, reader, tracks, opt)
         note(f"mapping ({opt.mapper})")
-        models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=intrinsics is not None)
+        models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=not refine)
         if not models:
             raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {_diagnose(db)}")
         sizes = sorted(((rec.num_reg_images(), k) for k, rec in models.items()), reverse=True)
@@ -142,7 +153,17 @@ def reconstruct(
         model.other_models = [n for n, _k in sizes[1:]]
         model.n_images = len(image_names)
         model.median_features = median_features
+        model.camera = [float(v) for v in next(iter(best.cameras.values())).params]
         return model
+
+
+def _radial_start(intrinsics: tuple[float, float, float, float], opt: SfmOptions) -> str | None:
+    """SIMPLE_RADIAL parameters 'f,cx,cy,0' from calib.txt when the focal length is
+    to be refined and fx == fy (within 1%; the app writes one focal), else None."""
+    fx, fy, cx, cy = intrinsics
+    if not opt.refine_intrinsics or abs(fx - fy) > 0.01 * max(fx, fy):
+        return None
+    return f"{0.5 * (fx + fy):.9g},{cx:.9g},{cy:.9g},0"
 
 
 def _sift_features(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, opt: SfmOptions) -> None:
@@ -265,10 +286,9 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
         m.bundle_adjustment.ceres.solver_options.num_threads = opt.threads
         m.track_required_tracks_per_view = opt.tracks_per_view
         m.skip_retriangulation = not opt.retriangulate
-        if fixed_intrinsics:
-            m.bundle_adjustment.refine_focal_length = False
-            m.bundle_adjustment.refine_principal_point = False
-            m.bundle_adjustment.refine_extra_params = False
+        m.bundle_adjustment.refine_focal_length = not fixed_intrinsics
+        m.bundle_adjustment.refine_principal_point = False
+        m.bundle_adjustment.refine_extra_params = not fixed_intrinsics
         return dict(pycolmap.global_mapping(db, image_dir, out, o))
     o = pycolmap.IncrementalPipelineOptions()
     o.num_threads = opt.threads
@@ -277,10 +297,9 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
     o.mapper.random_seed = opt.seed
     o.triangulation.random_seed = opt.seed
     o.extract_colors = False
-    if fixed_intrinsics:
-        o.ba_refine_focal_length = False
-        o.ba_refine_principal_point = False
-        o.ba_refine_extra_params = False
+    o.ba_refine_focal_length = not fixed_intrinsics
+    o.ba_refine_principal_point = False
+    o.ba_refine_extra_params = not fixed_intrinsics
     return dict(pycolmap.incremental_mapping(db, image_dir, out, o))
 
 

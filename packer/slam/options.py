@@ -21,7 +21,8 @@ class SlamOptions:
     keyframe_step: int | None = None  # klt: a keyframe candidate every N frames (None: 0.1 s); sift: SfM on every Nth
     min_parallax_px: float = 16.0  # klt: a candidate becomes a keyframe once its tracks moved this far (median)
     max_tracks: int = 400  # klt: corners tracked per frame
-    max_keyframe_gap: float = 0.2  # klt: seconds; cubic interpolation over 0.2 s of hand motion errs ~1 mm
+    max_keyframe_gap: float = 0.1  # klt: seconds; cubic interpolation over 0.2 s of fast hand motion shrinks the
+    # path by 0.1-0.2% (every session, the same way), over 0.1 s by < 0.04% (tests/test_slam_hard.py)
     scale: str = "imu"  # "imu" | "marker" | "known-distance" | "none"
     marker_size: float | None = None  # metres, --scale marker
     marker_dict: str = "DICT_4X4_50"
@@ -35,10 +36,18 @@ class SlamOptions:
     overlap: int = 5  # keyframes matched with the next N (tracks alive across 1 s tie the scale together)
     tracks_per_view: int = 60  # GLOMAP: tracks kept per image for global positioning (cost ~ tracks)
     retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
+    refine_intrinsics: bool = True  # focal length and k1 refined from calib.txt's start (SIMPLE_RADIAL)
+    mask: str | None = None  # a PNG the size of the frames: black where corners must not be tracked (a mount)
     min_frames: int = 10
     min_registered: float = 0.5  # refuse below this registered fraction
     min_baseline: float = 0.005  # refuse scale when the path (RMS) spans less of the median scene depth
     max_imu_offset: float | None = None  # bound the clock search (s) around start alignment
+    max_gyro_disagreement: float = 0.1  # refuse when the gyro-vs-SfM rotation residual exceeds this share of the
+    # rotation rate (good models: <= 2%; a wrong or partly wrong model: 15-120%, bench/results/slam_hard.csv)
+    gyro_std_factor: float = 0.8  # the scale's std gets this times that share above gyro_noise_floor (in
+    # quadrature): a distorted model's scale error grows with it (6% disagreement: 3-4% scale error on
+    # low-texture sessions; good models sit at 1-1.5%, what gyro noise and a rolling shutter leave)
+    gyro_noise_floor: float = 0.015
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True
@@ -74,6 +83,7 @@ class SlamOptions:
             mapper=self.mapper, frontend=self.frontend, threads=self.threads, max_features=self.max_features,
             first_octave=self.first_octave, overlap=self.overlap, seed=self.seed,
             tracks_per_view=self.tracks_per_view, retriangulate=self.retriangulate,
+            refine_intrinsics=self.refine_intrinsics,
         )
 
     def step_for(self, fps: float) -> int:

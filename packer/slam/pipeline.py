@@ -191,6 +191,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "reprojection_error": model.reprojection_error,
         "points": model.n_points,
         "baseline_over_depth": baseline,
+        "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
+        "frontend_used": model.frontend_note or opts.frontend,
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
@@ -248,15 +250,60 @@ def _reconstruct_keyframes(
     session: Session, opts: SlamOptions, stages: Callable[[str], None]
 ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
     """SfM on the keyframes: (keyframe positions, model, registered positions,
-    their camera-to-world (M,4,4)). Refuses a reconstruction that registered too
-    few keyframes: scale and interpolation over the gaps would be guesses."""
+    their camera-to-world (M,4,4)). When the KLT front-end registers too little
+    (< 90%), the SIFT front-end runs too and the better model is kept (the
+    summary says so). Refuses a reconstruction that registered too few keyframes:
+    scale and interpolation over the gaps would be guesses."""
+    try:
+        found = _sfm(session, opts, stages)
+    except SessionError as e:
+        if opts.frontend != "klt":
+            raise
+        found, first_error = None, e
+    if opts.frontend == "klt" and (found is None or len(found[2]) < FALLBACK_BELOW * len(found[0])):
+        alt_opts = dataclasses.replace(opts, frontend="sift", keyframe_step=None)
+        try:
+            alt = _sfm(session, alt_opts, stages)
+        except SessionError:
+            alt = None
+        if alt is not None and (found is None or len(alt[2]) / len(alt[0]) > len(found[2]) / len(found[0])):
+            alt[1].frontend_note = (f"KLT tracks registered {_frac(found)} of the keyframes; the SIFT front-end "
+                                    f"registered more and was used")
+            found = alt
+        if found is None:
+            raise first_error
+    assert found is not None
+    kpos, model, key_pos, key_T = found
+    reg_frac = len(key_pos) / len(kpos)
+    if reg_frac < opts.min_registered or len(key_pos) < 3:
+        raise session.error(
+            "rgb/",
+            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
+            f"{opts.min_registered:.0%}) with either front-end; other models: {model.other_models or 'none'}. "
+            "Too fast for the frame rate, too blurred or too plain: record slower, with more light and more "
+            "texture in view",
+        )
+    return kpos, model, key_pos, key_T
+
+
+FALLBACK_BELOW = 0.9  # registered fraction of the KLT front-end below which SIFT is tried too
+
+
+def _frac(found: tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray] | None) -> str:
+    return "none" if found is None else f"{len(found[2])}/{len(found[0])}"
+
+
+def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None]
+         ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
+    """One front-end's SfM: (keyframe positions, model, registered positions, their poses)."""
     step = opts.step_for(session.fps)
     tracks: Tracks | None = None
     if opts.frontend == "klt":
         stages("features (tracking)")
         try:
             skip = max(0, int(np.floor(opts.max_keyframe_gap * session.fps / step + 1e-6)) - 1)
-            topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip)
+            topt = TrackOptions(max_tracks=opts.max_tracks, min_parallax_px=opts.min_parallax_px, max_gap=skip,
+                                mask=_load_mask(session, opts.mask))
             tracks = track_keyframes(session.frame_paths, step, topt)
         except OSError as e:
             raise session.error("rgb/", str(e)) from None
@@ -271,14 +318,31 @@ def _reconstruct_keyframes(
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     key_pos, key_T = _registered(model, names, kpos)
-    reg_frac = len(key_pos) / len(kpos)
-    if reg_frac < opts.min_registered or len(key_pos) < 3:
-        raise session.error(
-            "rgb/",
-            f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
-            f"{opts.min_registered:.0%}); other models: {model.other_models or 'none'}. Try a smaller --keyframe-step",
-        )
     return kpos, model, key_pos, key_T
+
+
+def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:
+    """The user's detection mask (`[slam] mask`, a path relative to the session or
+    absolute): a grey PNG, black where nothing may be tracked, resized to the frames."""
+    if not mask:
+        return None
+    import cv2
+
+    p = Path(mask) if Path(mask).is_absolute() else session.path / mask
+    img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
+    if img is None:
+        raise session.error(str(p), "--mask: not a readable image (a PNG, black where the mount is)")
+    h, w = _read_shape(session.frame_paths[0])
+    return np.where(cv2.resize(img, (w, h), interpolation=cv2.INTER_NEAREST) > 127, 255, 0).astype(np.uint8)
+
+
+def _read_shape(path: Path) -> tuple[int, int]:
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+    if img is None:
+        raise OSError(f"{path}: not a readable image")
+    return int(img.shape[0]), int(img.shape[1])
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:
@@ -329,6 +393,8 @@ def _summary(info: dict[str, Any]) -> str:
     parts.append(f"reprojection {info['reprojection_error']:.2f} px")
     if info.get("other_models"):
         parts.append(f"other models {info['other_models']}")
+    if info.get("frontend_used") not in (None, "klt", "sift"):
+        parts.append(str(info["frontend_used"]))
     return ", ".join(parts)
 
 

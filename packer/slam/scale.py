@@ -48,7 +48,10 @@ Refusals (ScaleRefused, with the reason) only where the data cannot fix the scal
 too little registered video with IMU coverage, too little motion acceleration (0.2 s
 means, noise floor removed, independent of the fit), windows one scale cannot
 explain (a distorted reconstruction, another recording's IMU), or std(s)/s above
-`max_rel_std`. SfM distortion inside one window is not in the std (nothing shows it)."""
+`max_rel_std`. SfM distortion inside one window is not in the GLS std; the caller
+passes `model_rel_std` for it (from the gyro's disagreement with the SfM rotations,
+the one independent view of the model's shape a short session has), which is added
+in quadrature before the check, and the refusal then says which part was too large."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -56,6 +59,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.slam.imu_align import ImuTrack
+from packer.slam.lsq import lstsq as _lstsq
+from packer.slam.lsq import lstsq_eiv as _lstsq_eiv
+from packer.slam.lsq import marginal_variance as _marginal_variance
 from packer.slam.rotations import rotation_mean, tangent_basis
 
 GRAVITY = 9.80665
@@ -95,6 +101,8 @@ class ScaleResult:
     n_keyframes: int
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
     window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
+    fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
+    model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
 
 
 def detect_accel_mode(accel_g: np.ndarray) -> str:
@@ -304,6 +312,7 @@ def solve_scale(
     R_ic: np.ndarray,
     gyro_bias: np.ndarray | None = None,
     options: ScaleOptions | None = None,
+    model_rel_std: float = 0.0,
 ) -> ScaleResult:
     """Metric scale of an SfM trajectory from the IMU (see the module docstring).
 
@@ -337,6 +346,12 @@ def solve_scale(
     if lam < floor:  # the accelerometer's own noise says the drift is at least this
         lam, red = floor, _reduce(wins, floor)
     result = _fit(red, imu, wins, lam, mode, opt)
+    if model_rel_std > 0 and np.isfinite(result.rel_std):
+        total = float(np.hypot(result.rel_std, model_rel_std))
+        result = replace(result, fit_rel_std=result.rel_std, model_rel_std=model_rel_std, rel_std=total,
+                         confidence=float(np.clip(1.0 - total / opt.max_rel_std, 0.0, 1.0)))
+    else:
+        result = replace(result, fit_rel_std=result.rel_std)
     _check(result, opt)
     return result
 
@@ -422,38 +437,21 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
             "is distorted (try the default --mapper global or a smaller --keyframe-step) or imu.json belongs "
             "to another recording"
         )
+    if r.rel_std > opt.max_rel_std and r.model_rel_std > r.fit_rel_std:
+        raise ScaleRefused(
+            f"scale uncertain: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}), mostly because the "
+            f"reconstruction disagrees with the gyro (+-{r.model_rel_std:.1%} of it): its shape is distorted, which "
+            "no scale fixes. Plain surfaces, blur or the glove filling the view leave too few good features: record "
+            "with more texture and light in view"
+        )
+    if r.rel_std > opt.max_rel_std and r.excitation >= 5 * opt.min_excitation:
+        raise ScaleRefused(
+            f"scale poorly constrained: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}) although the "
+            f"IMU sees enough motion ({r.excitation:.2f} m/s^2 RMS): the reconstruction's positions are too noisy "
+            "(few or weak features: record with more texture in view, or a longer session)"
+        )
     if r.rel_std > opt.max_rel_std:
         raise ScaleRefused(
             f"scale poorly constrained: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}); "
             "record with more translation or use --scale marker / known-distance"
         )
-
-
-def _lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.linalg.lstsq(A, y, rcond=None)[0]
-
-
-def _lstsq_eiv(A: np.ndarray, y: np.ndarray, d0: float) -> np.ndarray:
-    """Least squares when column 0 carries noise of known total energy d0 (the
-    accelerometer noise, double integrated): (A^T A - d0 e0 e0^T) x = A^T y, the
-    corrected least squares that undoes the attenuation towards 0 plain least
-    squares has (k too small: +0.4% on s for a weak 6 s session). Plain least
-    squares when the noise would take most of the column's information."""
-    c = np.linalg.norm(A, axis=0)
-    c[c == 0] = 1.0
-    An = A / c
-    if not 0 < d0 / c[0] ** 2 < 0.5 / _marginal_variance(An, 0):
-        return _lstsq(A, y)
-    N = An.T @ An
-    N[0, 0] -= d0 / c[0] ** 2
-    return np.linalg.lstsq(N, An.T @ y, rcond=None)[0] / c
-
-
-def _marginal_variance(A: np.ndarray, col: int) -> float:
-    """[(A^T A)^-1]_{col,col} without forming the inverse: 1 / |residual of column
-    `col` regressed on the other columns|^2 (Schur complement)."""
-    others = np.delete(A, col, axis=1)
-    c = A[:, col]
-    r = c - others @ _lstsq(others, c) if others.shape[1] else c
-    d = float(r @ r)
-    return 1.0 / d if d > 0 else float("inf")

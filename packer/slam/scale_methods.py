@@ -54,9 +54,19 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
     except AlignmentError as e:
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+    disagree = al.residual / max(al.rotation_rms, 1e-9)
+    if disagree > opts.max_gyro_disagreement:
+        raise session.error(
+            "rgb/",
+            f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
+            f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; need <= "
+            f"{opts.max_gyro_disagreement:.0%}): part of the model is wrong (too few or sliding features: plain "
+            "surfaces, blur, the glove filling the view). Record with more texture and light in view",
+        )
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
-                         gyro_bias=al.gyro_bias, options=opts.scale_options)
+                         gyro_bias=al.gyro_bias, options=opts.scale_options,
+                         model_rel_std=opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor))
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     return sr.scale, True, {
@@ -66,7 +76,11 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "gyro_bias": al.gyro_bias.tolist(),
         "gyro_residual": al.residual,
         "gyro_correlation": al.correlation,
+        "rotation_rms": al.rotation_rms,
         "scale_rel_std": sr.rel_std,
+        "scale_fit_rel_std": sr.fit_rel_std,
+        "scale_model_rel_std": sr.model_rel_std,
+        "gyro_disagreement": disagree,
         "residual": sr.residual,
         "confidence": sr.confidence,
         "excitation": sr.excitation,

@@ -140,6 +140,10 @@ def keep_foreign_poses(session: Session) -> Path | None:
 
 
 def poses_document(session: Session, poses: np.ndarray, flags: np.ndarray, flag_names: dict[int, str]) -> bytes:
+    """poses.json for every frame SLAM placed. Frames before the first or after the
+    last registered keyframe ("outside") get no entry: holding the nearest pose
+    would pack a label known to be wrong (seconds of motion at a standstill), and
+    `pack` already packs a frame without an entry as an image without pose or action."""
     entries = [
         {
             "timestamp": float(t),
@@ -148,6 +152,7 @@ def poses_document(session: Session, poses: np.ndarray, flags: np.ndarray, flag_
             "flag": flag_names[int(f)],
         }
         for t, i, T, f in zip(session.timestamps, session.frames, poses, flags)
+        if flag_names[int(f)] != "outside"
     ]
     return (json.dumps(entries, allow_nan=False) + "\n").encode()
 
@@ -173,7 +178,7 @@ def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_n
     # the fields the user's own tools read: run_slam.py skips a slamProcessed session,
     # calibrate_scale.py one with a scale_factor (our poses are in metres already)
     md["slamProcessed"] = True
-    md["poseCount"] = len(poses)
+    md["poseCount"] = int(sum(flag_names[int(f)] != "outside" for f in flags))
     if info.get("metric") and info.get("scale") is not None:
         md["scale_factor"] = float(info["scale"])
     else:

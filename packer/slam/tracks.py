@@ -7,12 +7,22 @@ pair by brute force (the COLMAP way for unordered photos) cost ~60% of the SLAM
 stage; following corners from one keyframe to the next costs a few milliseconds,
 and a track *is* the correspondence across every keyframe that sees it.
 
-Each track is checked forward and backward (the point tracked back must land
-within `fb_max_px` of where it started) so a corner that slid along an edge or
-hit an occlusion is dropped rather than corrupting the geometry; COLMAP's
-geometric verification (RANSAC on the essential matrix) then removes what is
-left. New corners (Shi-Tomasi) are detected away from live tracks whenever fewer
-than `max_tracks` survive.
+Corners are followed through every frame (a hand turning at 2-3 rad/s moves the
+image ~15 px per frame, which LK finds; between candidates 0.1 s apart it was ~80 px,
+where the tracks died). Each step is checked forward and backward (`fb_max_px`), and
+the next frame's brightness is matched to the last (auto-exposure). New corners
+(Shi-Tomasi) are detected away from live tracks, above an absolute strength floor
+(`min_eigen`): on a plain surface the relative quality level alone keeps the best of
+the grain, whose tracks slide while passing the forward-backward check.
+
+At each keyframe two checks run that a frame-to-frame check cannot: a track off the
+epipolar geometry (F by RANSAC) against the last keyframe and the one
+`epipolar_back` before it stops there (it slid, or moves on its own like a finger);
+a track that stayed put in the image while the scene moved moves with the camera (the
+glove, its mount): it is dropped with its whole history and its place masked, since
+with little rotation between keyframes a point fixed in the image fits any essential
+matrix and would tie the model to the camera. COLMAP's geometric verification
+(RANSAC on the essential matrix) then removes what is left.
 
 Keyframes are chosen by parallax: a candidate is taken every `candidate_step`
 frames, and kept when its tracks moved (median) at least `min_parallax_px` since
@@ -31,14 +41,35 @@ import numpy as np
 @dataclass
 class TrackOptions:
     max_tracks: int = 400  # live corners kept per frame
-    min_distance: int = 12  # px between corners
-    quality: float = 0.01  # Shi-Tomasi quality level (relative to the best corner)
+    min_distance: int = 8  # px between corners
+    quality: float = 0.001  # Shi-Tomasi quality level (relative to the best corner; min_eigen is the real floor)
+    min_eigen: float = 0.001  # absolute floor on a corner's smaller eigenvalue (cv2.cornerMinEigenVal, 7x7):
+    # a plain table's grain stays under 0.0005, real corners sit above 0.005
     win: int = 15  # LK window (px)
     levels: int = 3  # LK pyramid levels
     fb_max_px: float = 1.0  # forward-backward consistency
     min_parallax_px: float = 16.0  # median track motion that makes a candidate a keyframe
     max_gap: int = 1  # candidates: at most this many skipped in a row
     min_survival: float = 0.7  # keep a keyframe when fewer of its tracks survive
+    epipolar_px: float = 2.0  # a track off the epipolar line (F by RANSAC) by more at a keyframe stops there
+    epipolar_back: int = 3  # ... checked against the last keyframe and this many back (a longer baseline)
+    static_px: float = 1.0  # a track that moved less than this between keyframes ...
+    static_scene_px: float = 8.0  # ... while the median track moved more, moves with the camera (glove, mount)
+    static_votes: int = 2  # keyframes at which it did so before it is dropped (and its place masked)
+    mask: np.ndarray | None = None  # (H, W) uint8, 0 = never detect corners here (the user's mask)
+
+
+@dataclass
+class _Live:
+    """What the tracker carries from frame to frame."""
+
+    pts: np.ndarray
+    ids: np.ndarray
+    next_id: int
+    history: list[tuple[np.ndarray, np.ndarray]]  # the last keyframes' (ids, pts), newest last
+    votes: dict[int, int]
+    bad: set[int]  # moved with the camera: every observation goes
+    static_mask: np.ndarray  # 255 where corners may be detected
 
 
 @dataclass
@@ -65,17 +96,26 @@ def _read_gray(path: Path) -> np.ndarray:
     return img
 
 
-def _detect(img: np.ndarray, pts: np.ndarray, n: int, opt: TrackOptions) -> np.ndarray:
-    """Up to n new corners at least min_distance from the live points."""
+def _detect(img: np.ndarray, pts: np.ndarray, n: int, opt: TrackOptions, allowed: np.ndarray) -> np.ndarray:
+    """Up to n new corners at least min_distance from the live points, where
+    `allowed` is non-zero, and strong in absolute terms (`min_eigen`): on a plain
+    surface the relative quality level alone keeps the best of the grain, whose
+    tracks slide."""
     import cv2
 
     if n <= 0:
         return np.zeros((0, 2), np.float32)
-    mask = np.full(img.shape, 255, np.uint8)
+    mask = allowed.copy()
     for x, y in pts.astype(int):
         cv2.circle(mask, (int(x), int(y)), opt.min_distance, 0, -1)
     c = cv2.goodFeaturesToTrack(img, n, opt.quality, opt.min_distance, mask=mask, blockSize=7)
-    return np.zeros((0, 2), np.float32) if c is None else c.reshape(-1, 2).astype(np.float32)
+    if c is None:
+        return np.zeros((0, 2), np.float32)
+    c = c.reshape(-1, 2).astype(np.float32)
+    if opt.min_eigen > 0:
+        eig = cv2.cornerMinEigenVal(img, 7, ksize=3)
+        c = c[eig[c[:, 1].astype(int), c[:, 0].astype(int)] >= opt.min_eigen]
+    return c
 
 
 def _flow(prev: np.ndarray, cur: np.ndarray, pts: np.ndarray, opt: TrackOptions) -> tuple[np.ndarray, np.ndarray]:
@@ -98,47 +138,128 @@ def _flow(prev: np.ndarray, cur: np.ndarray, pts: np.ndarray, opt: TrackOptions)
     return p1, good
 
 
+def _gain_matched(prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """`cur` scaled to `prev`'s mean brightness: auto-exposure changes the whole
+    frame's gain between frames, which LK (brightness constancy) reads as motion."""
+    m0, m1 = float(prev.mean()), float(cur.mean())
+    if m1 <= 1.0 or abs(m0 / m1 - 1.0) < 0.01:
+        return cur
+    return np.clip(cur.astype(np.float32) * (m0 / m1) + 0.5, 0, 255).astype(np.uint8)
+
+
+def _epipolar_outliers(ids: np.ndarray, pts: np.ndarray, history: list[tuple[np.ndarray, np.ndarray]],
+                       opt: TrackOptions) -> np.ndarray:
+    """Ids of live tracks off the epipolar geometry (fundamental matrix by RANSAC,
+    `epipolar_px`) between now and the last keyframe, and the keyframe
+    `epipolar_back` before it: what slid along an edge or a plain patch, or moves on
+    its own (the fingers), drifts off the lines the rigid scene keeps to."""
+    import cv2
+
+    out: list[np.ndarray] = []
+    for back in sorted({1, opt.epipolar_back}):
+        if len(history) < back:
+            continue
+        k_ids, k_pts = history[-back]
+        _c, ia, ib = np.intersect1d(ids, k_ids, assume_unique=True, return_indices=True)
+        if len(ia) < 15 or np.median(np.linalg.norm(pts[ia] - k_pts[ib], axis=1)) < 2.0:
+            continue  # too few, or too little motion for F to say anything
+        thr = opt.epipolar_px * np.sqrt(back)  # LK's drift grows along a track
+        _F, inl = cv2.findFundamentalMat(k_pts[ib], pts[ia], cv2.FM_RANSAC, thr, 0.999)
+        if inl is not None:
+            out.append(ids[ia][inl.ravel() == 0])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _static(ids: np.ndarray, pts: np.ndarray, ref: tuple[np.ndarray, np.ndarray], opt: TrackOptions) -> np.ndarray:
+    """Ids that stayed put in the image while the scene moved: they move with the
+    camera (the glove, the mount), fit any essential matrix when the camera mostly
+    turns, and would tie the reconstruction to the camera."""
+    _c, ia, ib = np.intersect1d(ids, ref[0], assume_unique=True, return_indices=True)
+    if len(ia) < 10:
+        return np.zeros(0, np.int64)
+    d = np.linalg.norm(pts[ia] - ref[1][ib], axis=1)
+    if float(np.median(d)) < opt.static_scene_px:
+        return np.zeros(0, np.int64)
+    return ids[ia][d < opt.static_px]
+
+
 def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOptions | None = None) -> Tracks:
-    """Track corners through every `candidate_step`-th frame of `paths` (and the
-    last one) and choose keyframes among them by parallax (module docstring)."""
+    """Track corners through every frame of `paths` and choose keyframes among every
+    `candidate_step`-th frame (and the last one) by parallax (module docstring).
+    Following every frame keeps a corner's motion between two LK calls at a hand's
+    ~15 px per frame, where 0.1 s steps asked LK to find it ~80 px away."""
     opt = opt or TrackOptions()
-    cand = list(range(0, len(paths), candidate_step))
-    if cand[-1] != len(paths) - 1:
-        cand.append(len(paths) - 1)
+    n = len(paths)
+    cand = set(range(0, n, candidate_step)) | {n - 1}
     out = Tracks()
-    img = _read_gray(paths[cand[0]])
-    prev = img
-    pts = _detect(img, np.zeros((0, 2)), opt.max_tracks, opt)
-    ids = np.arange(len(pts))
-    next_id = len(pts)
-    ref_ids, ref_pts = ids, pts  # the last keyframe's tracks, for parallax
-    _keep(out, cand[0], pts, ids)
+    prev = _read_gray(paths[0])
+    allowed = np.full(prev.shape, 255, np.uint8) if opt.mask is None else opt.mask.copy()
+    pts = _detect(prev, np.zeros((0, 2)), opt.max_tracks, opt, allowed)
+    live = _Live(pts, np.arange(len(pts)), len(pts), [], {}, set(), allowed)
+    _keyframe(out, live, 0)
     skipped = 0
-    for n, c in enumerate(cand[1:], start=1):
-        img = _read_gray(paths[c])
-        cur = img
-        p1, good = _flow(prev, cur, pts, opt)
-        survived = float(good.mean()) if len(good) else 0.0
-        pts, ids = p1[good], ids[good]
-        _c, ia, ib = np.intersect1d(ids, ref_ids, assume_unique=True, return_indices=True)
-        parallax = float(np.median(np.linalg.norm(pts[ia] - ref_pts[ib], axis=1))) if len(ia) else np.inf
-        take = (n == len(cand) - 1 or parallax >= opt.min_parallax_px or skipped >= opt.max_gap
-                or survived < opt.min_survival or len(ia) < 0.5 * opt.max_tracks)
-        if take:
-            new = _detect(img, pts, opt.max_tracks - len(pts), opt)
-            pts = np.vstack([pts, new]) if len(new) else pts
-            ids = np.concatenate([ids, np.arange(next_id, next_id + len(new))])
-            next_id += len(new)
-            _keep(out, c, pts, ids)
-            ref_ids, ref_pts = ids, pts
-            skipped = 0
-        else:
-            skipped += 1
+    for i in range(1, n):
+        cur = _gain_matched(prev, _read_gray(paths[i]))
+        p1, good = _flow(prev, cur, live.pts, opt)
+        live.pts, live.ids = p1[good], live.ids[good]
         prev = cur
-    return out
+        if i not in cand:
+            continue
+        ref_ids, ref_pts = live.history[-1]
+        _c, ia, ib = np.intersect1d(live.ids, ref_ids, assume_unique=True, return_indices=True)
+        parallax = float(np.median(np.linalg.norm(live.pts[ia] - ref_pts[ib], axis=1))) if len(ia) else np.inf
+        survived = len(ia) / max(len(ref_ids), 1)
+        take = (i == n - 1 or parallax >= opt.min_parallax_px or skipped >= opt.max_gap
+                or survived < opt.min_survival or len(ia) < 0.5 * opt.max_tracks)
+        if not take:
+            skipped += 1
+            continue
+        _prune(live, opt)
+        new = _detect(cur, live.pts, opt.max_tracks - len(live.pts), opt, live.static_mask)
+        live.pts = np.vstack([live.pts, new]) if len(new) else live.pts
+        live.ids = np.concatenate([live.ids, np.arange(live.next_id, live.next_id + len(new))])
+        live.next_id += len(new)
+        _keyframe(out, live, i)
+        skipped = 0
+    return _without(out, live.bad)
 
 
-def _keep(out: Tracks, pos: int, pts: np.ndarray, ids: np.ndarray) -> None:
+def _prune(live: _Live, opt: TrackOptions) -> None:
+    """At a keyframe: drop tracks off the epipolar geometry from now on, and tracks
+    that stayed put while the scene moved with their whole history (their place is
+    masked for detection): at once when the epipolar check also rejects them, else
+    after `static_votes` keyframes."""
+    import cv2
+
+    drop = set(int(v) for v in _epipolar_outliers(live.ids, live.pts, live.history, opt))
+    for v in (int(x) for x in _static(live.ids, live.pts, live.history[-1], opt)):
+        live.votes[v] = live.votes.get(v, 0) + 1
+        if live.votes[v] >= opt.static_votes or v in drop:
+            live.bad.add(v)  # never was a scene point: its whole history goes
+            x, y = live.pts[live.ids == v][0]
+            cv2.circle(live.static_mask, (int(x), int(y)), 2 * opt.min_distance, 0, -1)
+    drop |= live.bad
+    if drop:
+        keep = ~np.isin(live.ids, np.fromiter(drop, np.int64))
+        live.pts, live.ids = live.pts[keep], live.ids[keep]
+
+
+def _keyframe(out: Tracks, live: _Live, pos: int) -> None:
     out.keyframes.append(pos)
-    out.points.append(pts.astype(np.float32) + 0.5)  # OpenCV pixel centres are integers, COLMAP's at +0.5
-    out.ids.append(ids.astype(np.int64))
+    out.points.append(live.pts.astype(np.float32) + 0.5)  # OpenCV pixel centres are integers, COLMAP's at +0.5
+    out.ids.append(live.ids.astype(np.int64))
+    live.history = (live.history + [(live.ids.copy(), live.pts.copy())])[-8:]  # epipolar_back <= 8
+
+
+def _without(tracks: Tracks, bad: set[int]) -> Tracks:
+    """`tracks` with every observation of a dropped track removed, also from the
+    keyframes before it was found out."""
+    if not bad:
+        return tracks
+    b = np.fromiter(bad, np.int64)
+    out = Tracks(list(tracks.keyframes))
+    for p, i in zip(tracks.points, tracks.ids):
+        keep = ~np.isin(i, b)
+        out.points.append(p[keep])
+        out.ids.append(i[keep])
+    return out

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import cv2
 import numpy as np
 
+from packer.synth import camera
 from packer.synth.render import Renderer, Scene, make_scene
 from packer.synth.trajectory import Trajectory, make_trajectory
 
@@ -27,17 +28,17 @@ CX, CY = 240.0, 180.0  # COLMAP convention: pixel (i, j) has its centre at (i + 
 JPEG_QUALITY = 80  # the app: UIImage.jpegData(compressionQuality: 0.8)
 _DEPTH_MAP = (256, 192)  # ARKit sceneDepth resolution; the app takes a 5x5 median at its centre
 
-_SCENES: dict[tuple[int, float], Scene] = {}
+_SCENES: dict[tuple[int, float, float], Scene] = {}
 
 
-def _scene(seed: int, scale: float, rng: np.random.Generator) -> Scene:
-    """make_scene, remembered for the last few (seed, scale): texture generation is
-    the slow part of a short session, and tests re-synthesise the same seed."""
-    key = (seed, scale)
+def _scene(seed: int, scale: float, rng: np.random.Generator, plain_grain: float = 0.0) -> Scene:
+    """make_scene, remembered for the last few (seed, scale, grain): texture generation
+    is the slow part of a short session, and tests re-synthesise the same seed."""
+    key = (seed, scale, plain_grain)
     if key not in _SCENES:
         while len(_SCENES) >= 4:
             _SCENES.pop(next(iter(_SCENES)))
-        _SCENES[key] = make_scene(rng, scale)
+        _SCENES[key] = make_scene(rng, scale, plain_grain)
     return _SCENES[key]
 
 
@@ -61,11 +62,12 @@ def build_world(spec: SessionSpec, g_scene: np.random.Generator, g_traj: np.rand
     """The room (of `scene_seed` when given, so several sessions share it) and a
     trajectory that looks at a random point on the table."""
     scale = spec.scale
+    grain = spec.effects.low_texture
     if spec.scene_seed is None:
-        scene = _scene(int(spec.seed), scale, g_scene)
+        scene = _scene(int(spec.seed), scale, g_scene, grain)
     else:
         ss_scene = np.random.SeedSequence([int(spec.scene_seed), 0x5EED]).spawn(1)[0]
-        scene = _scene(int(spec.scene_seed), scale, np.random.default_rng(ss_scene))
+        scene = _scene(int(spec.scene_seed), scale, np.random.default_rng(ss_scene), grain)
     table = scene.boxes[0]
     target = np.array(
         [
@@ -80,14 +82,49 @@ def build_world(spec: SessionSpec, g_scene: np.random.Generator, g_traj: np.rand
         traj = _scaled(traj, scale)
     t_frames = np.arange(spec.n_frames, dtype=np.float64) / spec.fps
     poses = traj.poses(t_frames)
-    renderer = Renderer(scene, WIDTH, HEIGHT, FX, FY, CX - 0.5, CY - 0.5)
+    intr = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, spec.effects)
+    rays = camera.pixel_rays(WIDTH, HEIGHT, intr) if spec.effects.lens else None
+    renderer = Renderer(scene, WIDTH, HEIGHT, FX, FY, CX - 0.5, CY - 0.5, rays_cam=rays)
     return World(scene, traj, t_frames, poses, renderer)
 
 
-def render_frames(rgb_dir: Path, spec: SessionSpec, world: World) -> int:
+class _Camera:
+    """One frame as the phone records it under `spec.effects` (`packer.synth.camera`)."""
+
+    def __init__(self, spec: SessionSpec, world: World, joints: np.ndarray | None, rng: np.random.Generator):
+        fx = spec.effects
+        self.fx, self.world, self.joints = fx, world, joints
+        self.bands = camera.row_bands(HEIGHT, fx.rolling_shutter)
+        self.subs = camera.blur_offsets(fx.blur)
+        k = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, fx)
+        self.K = np.array([[k[0], 0, k[2]], [0, k[1], k[3]], [0, 0, 1.0]])
+        self.glove = camera.make_glove(rng, WIDTH, HEIGHT) if fx.glove else None
+        self.exposure = camera.make_exposure(rng, spec.n_frames / spec.fps) if fx.exposure else None
+
+    def frame(self, i: int) -> np.ndarray:
+        w, t = self.world, float(self.world.t_frames[i])
+        if len(self.bands) == 1:
+            img = w.renderer.render(w.poses[i])
+        else:
+            poses = w.traj.poses(np.array([t + dt for _rows, dt in self.bands]))
+            img = w.renderer.render_bands([(rows, T) for (rows, _dt), T in zip(self.bands, poses)])
+        if len(self.subs) > 1:
+            img = camera.rotation_blur(img, w.poses[i][:3, :3], w.traj.rotation(t + self.subs), self.K)
+        if self.glove is not None and self.joints is not None:
+            img = camera.draw_glove(img, self.glove, self.joints[i])
+        if self.exposure is not None:
+            img = camera.apply_gains(img, self.exposure.gains(t))
+        return img
+
+
+def render_frames(rgb_dir: Path, spec: SessionSpec, world: World, joints: np.ndarray | None = None,
+                  g_camera: np.random.Generator | None = None) -> int:
     """Write `rgb/NNNNNN.jpg` for every frame that was not dropped and return the
     bytes written (the placeholder video is sized from it). A static session
-    renders once: every frame is the same image."""
+    renders once: every frame is the same image. `joints` (n_frames, 4) degrees
+    move the glove's fingers when `spec.effects.glove`; `g_camera` draws the glove
+    and the exposure changes."""
+    cam = _Camera(spec, world, joints, g_camera or np.random.default_rng(0)) if spec.effects.any else None
     frames: Any = spec.present
     if spec.progress and sys.stderr.isatty():  # a per-frame bar only where it redraws in place
         from tqdm import tqdm
@@ -97,8 +134,9 @@ def render_frames(rgb_dir: Path, spec: SessionSpec, world: World) -> int:
     jpeg_bytes = 0
     static_jpg: bytes | None = None
     for i in frames:
-        if static_jpg is None or spec.motion != "static":
-            ok, buf = cv2.imencode(".jpg", world.renderer.render(world.poses[i])[..., ::-1], params)
+        if static_jpg is None or spec.motion != "static" or cam is not None:
+            img = world.renderer.render(world.poses[i]) if cam is None else cam.frame(i)
+            ok, buf = cv2.imencode(".jpg", img[..., ::-1], params)
             if not ok:
                 raise RuntimeError("JPEG encoding failed")
             static_jpg = buf.tobytes()

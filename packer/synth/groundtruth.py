@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packer.synth import camera
 from packer.synth.encoders import JOINT_NAMES, LATENCY_JITTER, LATENCY_MIN
 from packer.synth.frames import CX, CY, FX, FY, World
 from packer.synth.trajectory import GRAVITY
@@ -119,6 +120,11 @@ def write_truth(
         "scene": world.scene.describe(),
         **poses.truth,
     }
+    if spec.effects.any:  # appended (key order is part of the bytes): default sessions unchanged
+        intr = camera.true_intrinsics(FX, FY, CX, CY, spec.effects)
+        truth_obj["camera_effects"] = spec.effects.describe()
+        truth_obj["true_intrinsics"] = list(intr[:4])
+        truth_obj["true_k1"] = intr[4]
     (folder / TRUTH_FILE).write_bytes(_dumps(truth_obj))
 
 

@@ -99,11 +99,27 @@ def _texture(rng: np.random.Generator, h: int, w: int, texel: float) -> np.ndarr
     return out
 
 
-def make_scene(rng: np.random.Generator, scale: float = 1.0) -> Scene:
+def _plain(rng: np.random.Generator, h: int, w: int, grain: float) -> np.ndarray:
+    """A plain surface (painted wall, table top): one colour, a faint low-frequency
+    shading and a white grain of `grain` grey levels, the texture that gives a
+    corner detector weak, slippery corners."""
+    base = rng.uniform(90, 190) + rng.uniform(-12, 12, 3)
+    gh, gw = max(2, h // 200 + 2), max(2, w // 200 + 2)
+    shade = cv2.resize(rng.standard_normal((gh, gw)).astype(np.float32) * 4.0, (w, h), interpolation=cv2.INTER_CUBIC)
+    img = base[None, None, :] + shade[..., None] + rng.normal(0.0, grain, (h, w, 1))
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+# faces made plain by `plain_grain`: the left and the back wall, and the table block
+_PLAIN_FACES = frozenset({0, 3} | set(range(6, 12)))
+
+
+def make_scene(rng: np.random.Generator, scale: float = 1.0, plain_grain: float = 0.0) -> Scene:
     """A random room around the origin (camera starts near (0,0,0) looking +y):
     floor 0.8-1.0 m below, back wall 2-3 m ahead, a table block 0.5-1.3 m ahead with
     two or three objects on it and a crate on the floor. `scale` multiplies every
-    length (the truth poses use the same scaled metres)."""
+    length (the truth poses use the same scaled metres). `plain_grain` > 0 makes the
+    table and two walls plain (`_plain`), the low-texture room."""
     floor = -rng.uniform(0.8, 1.0)
     room = Box(
         np.array([-rng.uniform(1.2, 1.6), -rng.uniform(0.8, 1.2), floor]),
@@ -124,10 +140,11 @@ def make_scene(rng: np.random.Generator, scale: float = 1.0) -> Scene:
     if scale != 1.0:
         room = Box(room.lo * scale, room.hi * scale)
         boxes = [Box(b.lo * scale, b.hi * scale) for b in boxes]
-    return _build_atlas(rng, room, boxes, scale)
+    return _build_atlas(rng, room, boxes, scale, plain_grain)
 
 
-def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: float) -> Scene:
+def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: float,
+                 plain_grain: float = 0.0) -> Scene:
     faces = []  # (axis_u, axis_v, lo_u, lo_v, w, h, texel, shade)
     for bi, b in enumerate([room] + boxes):
         texel = (ROOM_TEXEL if bi == 0 else OBJECT_TEXEL) * scale
@@ -153,8 +170,11 @@ def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: f
         row_h = max(row_h, f[5])
     H = y + row_h + _PAD
     atlas = np.zeros((H, W, 3), np.uint8)
-    for f, u0, v0 in zip(faces, u0s, v0s):
-        tex = _texture(rng, f[5], f[4], f[6] / scale)
+    for i, (f, u0, v0) in enumerate(zip(faces, u0s, v0s)):
+        if plain_grain > 0 and i in _PLAIN_FACES:
+            tex = _plain(rng, f[5], f[4], plain_grain)
+        else:
+            tex = _texture(rng, f[5], f[4], f[6] / scale)
         atlas[v0 : v0 + f[5], u0 : u0 + f[4]] = (tex.astype(np.float32) * f[7]).astype(np.uint8)
     arr = np.array([f[:8] for f in faces], dtype=np.float64)
     return Scene(
@@ -176,19 +196,37 @@ def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: f
 class Renderer:
     """Pinhole renderer for one scene; pixel rays are precomputed once."""
 
-    def __init__(self, scene: Scene, width: int, height: int, fx: float, fy: float, cx: float, cy: float):
+    def __init__(self, scene: Scene, width: int, height: int, fx: float, fy: float, cx: float, cy: float,
+                 rays_cam: np.ndarray | None = None):
         self.scene, self.width, self.height = scene, width, height
         u, v = np.meshgrid(np.arange(width, dtype=np.float64), np.arange(height, dtype=np.float64))
         # pixel centres: OpenCV convention, integer coordinates are pixel centres
-        self.rays_cam = np.stack([(u.ravel() - cx) / fx, (v.ravel() - cy) / fy, np.ones(u.size)])  # (3, N)
+        if rays_cam is None:  # a pinhole camera; a distorted lens passes its own rays (z = 1)
+            rays_cam = np.stack([(u.ravel() - cx) / fx, (v.ravel() - cy) / fy, np.ones(u.size)])  # (3, N)
+        self.rays_cam = rays_cam
         self._lo = np.stack([b.lo for b in scene.boxes])  # (B, 3)
         self._hi = np.stack([b.hi for b in scene.boxes])
 
     def render(self, pose: np.ndarray) -> np.ndarray:
         """(H, W, 3) uint8 RGB image seen by a camera with camera-to-world `pose`."""
+        return self.render_bands([(slice(0, self.height), pose)])
+
+    def render_bands(self, bands: list[tuple[slice, np.ndarray]]) -> np.ndarray:
+        """(H, W, 3) image whose row ranges are each seen from their own pose (a
+        rolling shutter: rows exposed at different times)."""
+        mx = np.empty(self.height * self.width, np.float32)
+        my = np.empty_like(mx)
+        for rows, pose in bands:
+            sel = slice(rows.start * self.width, rows.stop * self.width)
+            mx[sel], my[sel] = self._atlas_coords(pose, self.rays_cam[:, sel])
+        return cv2.remap(self.scene.atlas, mx.reshape(self.height, self.width), my.reshape(self.height, self.width),
+                         cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+    def _atlas_coords(self, pose: np.ndarray, rays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Atlas (x, y) of the surface each ray (camera frame, (3, N)) hits."""
         sc = self.scene
         R, o = pose[:3, :3], pose[:3, 3]
-        D = (R @ self.rays_cam).astype(np.float32)  # (3, N)
+        D = (R @ rays).astype(np.float32)  # (3, N)
         o32 = o.astype(np.float32)
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.float32(1.0) / D
@@ -223,9 +261,7 @@ class Renderer:
         it = sc.inv_texel[face].astype(np.float32)
         mu = np.clip((pu - sc.lo_u[face].astype(np.float32)) * it, 0, sc.w[face].astype(np.float32) - 1)
         mv = np.clip((pv - sc.lo_v[face].astype(np.float32)) * it, 0, sc.h[face].astype(np.float32) - 1)
-        mx = (mu + sc.u0[face].astype(np.float32)).reshape(self.height, self.width)
-        my = (mv + sc.v0[face].astype(np.float32)).reshape(self.height, self.width)
-        return cv2.remap(sc.atlas, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        return mu + sc.u0[face].astype(np.float32), mv + sc.v0[face].astype(np.float32)
 
     def depth(self, pose: np.ndarray, uv: np.ndarray, fx: float, fy: float, cx: float, cy: float) -> np.ndarray:
         """(M,) z-depth in metres of the scene along the rays through OpenCV pixel

@@ -8,6 +8,7 @@ Each step draws from its own generator (`Rngs`), so the order matters only for
 which files exist first, never for their bytes."""
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from packer.effects import CameraEffects
 from packer.synth.clocks import plan_clocks, session_name
+from packer.synth.encoders import make_gripper
 from packer.synth.export import publish
 from packer.synth.frames import FPS, JPEG_QUALITY, build_world, render_frames
 from packer.synth.groundtruth import write_truth
@@ -51,6 +54,7 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL,
     ios_version: str = IOS_VERSION,
+    effects: CameraEffects | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -94,6 +98,8 @@ def synth_session(
     (metres, Float32); False omits the key (nil optional).
     export: "folder" or "zip" (the app's auto-zip: `name.zip` with the folder as its
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
+    effects: what a real phone camera does to the frames (`packer.synth.camera`:
+    glove in view, lens, blur, rolling shutter, exposure, low texture); None: none.
 
     The session is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -103,6 +109,7 @@ def synth_session(
         jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
+        effects=effects or CameraEffects(),
     )
     return write_session(out_dir, spec)
 
@@ -119,7 +126,10 @@ def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
     rng = Rngs.from_seed(spec.seed)
     clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock)
     world = build_world(spec, rng.scene, rng.traj)
-    jpeg_bytes = render_frames(tmp / "rgb", spec, world)
+    joints = None
+    if spec.effects.glove:  # the fingers in view follow the joints the glove records (same draws)
+        joints = make_gripper(copy.deepcopy(rng.grip)).flexion(world.t_frames)
+    jpeg_bytes = render_frames(tmp / "rgb", spec, world, joints, rng.camera)
     imu = write_imu(tmp, spec, clocks, world.traj, rng.imu, rng.nan)
     enc = write_encoders(tmp, spec, clocks, world.t_frames, rng)
     poses = write_poses(tmp, spec, world, rng.arkit)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.effects import CameraEffects
 from packer.synth.encoders import JOINT_NAMES
 from packer.synth.trajectory import MOTIONS
 
@@ -48,6 +49,7 @@ class SessionSpec:
     export: str
     device_model: str
     ios_version: str
+    effects: CameraEffects = CameraEffects()  # what the phone camera does to the frames (none: ideal)
     dropped: list[int] = field(init=False)  # sorted unique `drop_frames`
     present: list[int] = field(init=False)  # frame indices that get a JPEG
 
@@ -103,8 +105,9 @@ class Rngs:
     err: np.random.Generator
     arkit: np.random.Generator
     wrap: np.random.Generator
+    camera: np.random.Generator  # glove and exposure (`effects`)
 
     @classmethod
     def from_seed(cls, seed: int) -> Rngs:
         ss = np.random.SeedSequence([int(seed), 0x5EED])
-        return cls(*(np.random.default_rng(s) for s in ss.spawn(13)))
+        return cls(*(np.random.default_rng(s) for s in ss.spawn(14)))

@@ -11,13 +11,17 @@ Conventions (also written into synth_truth.json):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 GRAVITY = 9.80665
-MOTIONS = ("hand", "weak", "rotation-only", "static")
+MOTIONS = ("hand", "weak", "rotation-only", "static", "fast")
 WEAK = 0.3  # "weak": the hand path at this fraction of its size
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0)
 
 def hat(v: np.ndarray) -> np.ndarray:
     """Skew-symmetric matrix of a 3-vector (cross-product operator)."""
@@ -60,23 +64,57 @@ class Trajectory:
     rot_amp: np.ndarray  # (K, 3) rad
     rot_freq: np.ndarray  # (K, 3) Hz
     rot_phase: np.ndarray  # (K, 3) rad
+    # pauses ("fast"): the motion runs on a warped clock tau(t) whose rate 1 - sum h_j b_j(t)
+    # drops to 1 - h_j inside raised-cosine bumps b_j centred at pause_c (half-width pause_w)
+    pause_c: np.ndarray = field(default_factory=_empty)
+    pause_w: np.ndarray = field(default_factory=_empty)
+    pause_h: np.ndarray = field(default_factory=_empty)
+    # flicks ("fast"): quick wrist turns, Gaussian bumps (sigma flick_s) added to the rotation vector
+    flick_c: np.ndarray = field(default_factory=_empty)
+    flick_s: np.ndarray = field(default_factory=_empty)
+    flick_amp: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+
+    def warp(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tau, dtau/dt, d2tau/dt2) of the pause clock at t (identity without pauses)."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        tau, d1, d2 = t.copy(), np.ones_like(t), np.zeros_like(t)
+        for c, w, h in zip(self.pause_c, self.pause_w, self.pause_h):
+            x = np.clip((t - c) / w, -1.0, 1.0)
+            inside = np.abs(t - c) < w
+            tau -= h * (w * (x + 1.0) / 2 + np.where(inside, w / (2 * np.pi) * np.sin(np.pi * x), 0.0))
+            d1 -= h * np.where(inside, 0.5 * (1 + np.cos(np.pi * x)), 0.0)
+            d2 += h * np.where(inside, 0.5 * np.pi / w * np.sin(np.pi * x), 0.0)
+        return tau, d1, d2
 
     def position(self, t: np.ndarray) -> np.ndarray:
         """(N,3) camera centre in world metres at frame-clock times t."""
         t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        if len(self.pause_c):
+            t = self.warp(t)[0]
         arg = 2 * np.pi * self.pos_freq[None] * t[:, None, None] + self.pos_phase[None]
         return self.p0[None] + np.sum(self.pos_amp[None] * np.sin(arg), axis=1)
 
     def acceleration(self, t: np.ndarray) -> np.ndarray:
-        """(N,3) second derivative of position, analytic (world, m/s^2, gravity excluded)."""
+        """(N,3) second derivative of position, analytic (world, m/s^2, gravity excluded);
+        with pauses p(tau(t))'' = p''(tau) tau'^2 + p'(tau) tau''."""
         t = np.atleast_1d(np.asarray(t, dtype=np.float64))
         w = 2 * np.pi * self.pos_freq[None]
-        arg = w * t[:, None, None] + self.pos_phase[None]
-        return -np.sum(self.pos_amp[None] * w**2 * np.sin(arg), axis=1)
+        if not len(self.pause_c):
+            arg = w * t[:, None, None] + self.pos_phase[None]
+            return -np.sum(self.pos_amp[None] * w**2 * np.sin(arg), axis=1)
+        tau, d1, d2 = self.warp(t)
+        arg = w * tau[:, None, None] + self.pos_phase[None]
+        acc = -np.sum(self.pos_amp[None] * w**2 * np.sin(arg), axis=1)
+        vel = np.sum(self.pos_amp[None] * w * np.cos(arg), axis=1)
+        return acc * d1[:, None] ** 2 + vel * d2[:, None]
 
     def _rotvec(self, t: np.ndarray) -> np.ndarray:
-        arg = 2 * np.pi * self.rot_freq[None] * t[:, None, None] + self.rot_phase[None]
-        return np.sum(self.rot_amp[None] * np.sin(arg), axis=1)
+        tau = self.warp(t)[0] if len(self.pause_c) else t
+        arg = 2 * np.pi * self.rot_freq[None] * tau[:, None, None] + self.rot_phase[None]
+        r = np.sum(self.rot_amp[None] * np.sin(arg), axis=1)
+        for c, sd, a in zip(self.flick_c, self.flick_s, self.flick_amp):
+            r = r + np.exp(-0.5 * ((t - c) / sd) ** 2)[:, None] * a[None]
+        return r
 
     def rotation(self, t: np.ndarray) -> np.ndarray:
         """(N,3,3) camera-to-world rotations."""
@@ -120,9 +158,12 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
     travel, RMS motion acceleration ~0.25 m/s^2 (a hand that barely moves; the IMU
     still fixes the scale, but with a fifth of the signal over the same noise);
     "rotation-only": the same rotation with the centre fixed (scale unobservable);
-    "static": a fixed pose (every frame identical)."""
+    "static": a fixed pose (every frame identical);
+    "fast": real hand speeds (`make_fast_trajectory`)."""
     if motion not in MOTIONS:
         raise ValueError(f"motion must be one of {MOTIONS}, got {motion!r}")
+    if motion == "fast":
+        return make_fast_trajectory(rng, start, target)
     K = 3
     lo_amp, hi_amp = np.array([[0.08], [0.03], [0.01]]), np.array([[0.2], [0.07], [0.03]])
     pos_amp = rng.uniform(lo_amp, hi_amp, (K, 3)) * np.array([1.0, 0.6, 0.5])
@@ -147,3 +188,33 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
         rot_freq,
         rot_phase,
     )
+
+
+def make_fast_trajectory(rng: np.random.Generator, start: np.ndarray, target: np.ndarray,
+                         duration: float = 60.0) -> Trajectory:
+    """A hand at the speeds people really move a handheld gripper: per axis sums of
+    sinusoids at 0.25-1.1 Hz with ~0.2 m of sweep (peak speeds ~0.5-0.9 m/s), wrist
+    rotation of +-0.15-0.45 rad at 0.3-1.1 Hz (rates to ~2.5 rad/s), a pause (the
+    hand slows to 5-15% of its speed for 0.6-1.2 s) every ~4 s and a quick wrist
+    flick (a 0.12-0.22 rad turn in ~0.2 s, to ~3 rad/s) every ~3 s over `duration`."""
+    K = 3
+    lo_f, hi_f = np.array([[0.25], [0.45], [0.75]]), np.array([[0.45], [0.75], [1.1]])
+    lo_a, hi_a = np.array([[0.12], [0.04], [0.015]]), np.array([[0.22], [0.08], [0.03]])
+    pos_amp = rng.uniform(lo_a, hi_a, (K, 3)) * np.array([1.0, 0.6, 0.5])
+    pos_freq = rng.uniform(lo_f, hi_f, (K, 3))
+    pos_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    rot_amp = rng.uniform(np.array([[0.12], [0.06], [0.03]]), np.array([[0.25], [0.12], [0.06]]), (K, 3))
+    rot_freq = rng.uniform(np.array([[0.3], [0.5], [0.8]]), np.array([[0.5], [0.8], [1.1]]), (K, 3))
+    rot_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    n_p = int(duration / 4.0)
+    pause_c = np.arange(n_p) * 4.0 + rng.uniform(2.0, 3.0, n_p)
+    pause_w = rng.uniform(0.3, 0.6, n_p)
+    pause_h = rng.uniform(0.85, 0.95, n_p)
+    n_f = int(duration / 3.0)
+    flick_c = np.arange(n_f) * 3.0 + rng.uniform(0.5, 2.5, n_f)
+    flick_s = rng.uniform(0.05, 0.07, n_f)
+    axis = rng.normal(0.0, 1.0, (n_f, 3)) * np.array([0.5, 1.0, 0.3])  # mostly a turn about camera y
+    flick_amp = axis / np.linalg.norm(axis, axis=1, keepdims=True) * rng.uniform(0.12, 0.22, (n_f, 1))
+    return Trajectory(np.asarray(start, dtype=np.float64), pos_amp, pos_freq, pos_phase,
+                      np.asarray(target, dtype=np.float64), rot_amp, rot_freq, rot_phase,
+                      pause_c, pause_w, pause_h, flick_c, flick_s, flick_amp)

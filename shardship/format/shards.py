@@ -44,11 +44,29 @@ class ShardInfo:
 RECORD = 20 * BLOCK  # tar's default blocking factor: archives end on a 10 KiB boundary
 
 
+def _template() -> bytearray:
+    """A ustar header with every field but name, prefix, size and checksum filled."""
+    h = bytearray(BLOCK)
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[136:148] = b"00000000000\0"
+    h[148:156] = b"        "  # the checksum is summed with its own field as spaces
+    h[156:157] = b"0"
+    h[257:265] = b"ustar\x0000"
+    return h
+
+
+_TEMPLATE = bytes(_template())
+_TEMPLATE_SUM = sum(_TEMPLATE)
+
+
 def member_header(name: str, size: int) -> bytes:
     """The 512-byte header of a regular file: fixed mode/owner/mtime so bytes are
     deterministic. Plain ustar (name, or prefix + name) written directly: ~10x
     cheaper than tarfile's header code, which matters at thousands of members per
-    second. Names that do not fit ustar get a PAX header from tarfile."""
+    second; the checksum is the template's plus the bytes that vary. Names that
+    do not fit ustar get a PAX header from tarfile."""
     raw = name.encode("utf-8")
     prefix, base = b"", raw
     if len(raw) > 100:
@@ -58,19 +76,17 @@ def member_header(name: str, size: int) -> bytes:
             ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
             return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
         prefix, base = raw[:cut], raw[cut + 1:]
-    h = bytearray(BLOCK)
+    field = b"%011o\0" % size
+    h = bytearray(_TEMPLATE)
     h[0:len(base)] = base
-    h[100:108] = b"0000644\0"
-    h[108:116] = b"0000000\0"
-    h[116:124] = b"0000000\0"
-    h[124:136] = b"%011o\0" % size
-    h[136:148] = b"00000000000\0"
-    h[148:156] = b"        "
-    h[156:157] = b"0"
-    h[257:265] = b"ustar\x0000"
+    h[124:136] = field
     h[345:345 + len(prefix)] = prefix
-    h[148:156] = b"%06o\0 " % sum(h)
+    h[148:156] = b"%06o\0 " % (_TEMPLATE_SUM + sum(base) + sum(prefix) + sum(field))
     return bytes(h)
+
+
+def _padding(n: int) -> bytes:
+    return b"\0" * (-n % BLOCK)
 
 
 class ShardWriter:
@@ -103,23 +119,19 @@ class ShardWriter:
         self._hash.update(b)
         self._offset += len(b)
 
-    def _member(self, name: str, data: bytes) -> tuple[int, int]:
-        self._write(member_header(name, len(data)))
-        start = self._offset
-        pad = -len(data) % BLOCK
-        self._write(data + b"\0" * pad if pad else data)
-        return start, len(data)
-
     def add(self, key: str, jpg: bytes, meta_json: bytes, has_action: bool) -> None:
         if self._file is not None and self._offset + len(jpg) + len(meta_json) + 4 * BLOCK > self.target \
                 and self._cur and self._cur.samples:
             self._close()
         if self._file is None:
             self._open()
-        jo, js = self._member(f"{key}.jpg", jpg)
-        mo, ms = self._member(f"{key}.json", meta_json)
+        # both members in one write and one hash update: this runs once per frame in the main process
+        jo = self._offset + BLOCK
+        mo = jo + len(jpg) + (-len(jpg) % BLOCK) + BLOCK
+        self._write(b"".join((member_header(f"{key}.jpg", len(jpg)), jpg, _padding(len(jpg)),
+                              member_header(f"{key}.json", len(meta_json)), meta_json, _padding(len(meta_json)))))
         assert self._cur is not None
-        self._cur.samples.append([key, jo, js, mo, ms, int(has_action)])
+        self._cur.samples.append([key, jo, len(jpg), mo, len(meta_json), int(has_action)])
 
     def _close(self) -> None:
         assert self._file and self._cur

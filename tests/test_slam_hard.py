@@ -1,0 +1,150 @@
+"""`packer slam` at the defaults a user runs, on the hard world (`packer synth
+--profile`): real hand speeds and what a phone camera does. The sweep over many
+seeds is `python -m bench.slam_hard` (bench/results/slam_hard.csv); these are the
+gates that keep the defaults honest in CI, one short session each."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer.effects import PROFILES, CameraEffects
+from packer.session import load_session
+from packer.slam.interpolate import interpolate_poses
+from packer.slam.rotations import rotation_mean, so3_log, umeyama
+from packer.slam.tracks import track_keyframes
+from packer.synth import synth_session, truth
+from packer.synth.camera import make_glove
+from packer.synth.spec import Rngs
+from packer.synth.trajectory import make_trajectory
+
+pytestmark = pytest.mark.slow
+
+
+def _slam_cli(raw: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(raw), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+
+
+def _errors(d: Path) -> dict[str, float]:
+    """Packed poses against the truth: scale error (sim(3) over every posed frame),
+    ATE % of the path, rotation RMS (deg) after that alignment."""
+    tr = truth(d)
+    entries = json.loads((d / "poses.json").read_text())
+    idx = np.array([e["rgbIndex"] for e in entries])
+    T = np.array([e["transform"] for e in entries])
+    gt = tr["poses"][idx]
+    s, R, t = umeyama(T[:, :3, 3], gt[:, :3, 3])
+    err = np.linalg.norm(s * T[:, :3, 3] @ R.T + t - gt[:, :3, 3], axis=1)
+    length = float(np.sum(np.linalg.norm(np.diff(gt[:, :3, 3], axis=0), axis=1)))
+    A = rotation_mean(gt[:, :3, :3] @ np.swapaxes(T[:, :3, :3], -1, -2))  # rotations aligned on their own
+    ang = np.linalg.norm(so3_log(np.swapaxes(gt[:, :3, :3], -1, -2) @ (A @ T[:, :3, :3])), axis=1)
+    return {"scale_err": abs(s - 1.0), "ate": float(np.sqrt(np.mean(err**2))) / length,
+            "rot_deg": float(np.degrees(np.sqrt(np.mean(ang**2)))), "posed": len(idx) / len(tr["poses"])}
+
+
+def test_fast_hand_motion_is_accepted_within_two_percent_at_the_defaults(tmp_path: Path):
+    """Real hand speeds (to ~3 rad/s, pauses, flicks) with a 0.25 s IMU clock offset:
+    the 0.1 s front-end lost its tracks here and accepted an 11-18% wrong scale."""
+    motion, fx = PROFILES["fast"]
+    d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, 3, motion=motion, effects=fx,
+                      imu_offset=0.25)
+    r = _slam_cli(tmp_path / "raw")
+    assert r.returncode == 0, r.stdout + r.stderr
+    e = _errors(d)
+    assert e["scale_err"] < 0.02, e
+    assert e["ate"] < 0.01, e
+    assert e["rot_deg"] < 1.0, e
+    assert e["posed"] > 0.9, e
+    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005
+    assert e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
+    # the same input gives the same poses (Ceres on 2 threads sums in either order: ~1e-14 m apart)
+    before = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
+    r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
+                         "--force"], capture_output=True, text=True, timeout=600)
+    assert r2.returncode == 0, r2.stdout + r2.stderr
+    after = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
+    assert after.shape == before.shape and float(np.abs(after - before).max()) < 1e-9
+
+
+REASONS = ("registered only", "almost no features", "disagree with the gyro", "scale uncertain",
+           "poorly constrained", "not observable")
+
+
+@pytest.mark.parametrize("profile, seed", [("all", 5), ("low-texture", 1)])
+def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, seed: int):
+    """Every effect at once on fast motion, and a plain room: today these are often
+    refused (bench/results/slam_hard.csv has the rates). What must hold is the bar:
+    an accepted session is within 2% and within 3 of its own reported std; a refused
+    one says why in one line, with one of the reasons the README explains."""
+    motion, fx = PROFILES[profile]
+    d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, seed, motion=motion, effects=fx,
+                      imu_offset=0.25)
+    r = _slam_cli(tmp_path / "raw")
+    if r.returncode == 0:
+        e = _errors(d)
+        std = json.loads((d / "metadata.json").read_text())["shardship"]["scale_rel_std"]
+        assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * std, (e, std)
+    else:
+        failed = [ln for ln in r.stderr.splitlines() if ln.startswith("FAIL  ")]
+        assert len(failed) == 1 and any(k in failed[0] for k in REASONS), r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_the_gloves_tracks_never_reach_the_model(tmp_path: Path):
+    """The palm and its logo are rigid to the camera: corners there pass the
+    forward-backward check and fit any essential matrix when the camera mostly turns.
+    None of their observations may reach SfM. What may: a scene corner where the
+    palm's outline crosses the texture (its 7x7 window straddles the edge), a few px
+    inside the outline before the epipolar check stops it."""
+    import cv2
+
+    seed = 7
+    d = synth_session(tmp_path, "session_2026-02-01_110000", 240, seed, effects=CameraEffects(glove=True))
+    s = load_session(d)
+    glove = make_glove(Rngs.from_seed(seed).camera, 480, 360)  # the camera stream's first draw
+    tracks = track_keyframes(s.frame_paths, 6)
+    obs = np.vstack(tracks.points) - 0.5  # COLMAP pixel centres back to OpenCV's
+    xi = np.clip(obs[:, 0].round().astype(int), 0, 479)
+    yi = np.clip(obs[:, 1].round().astype(int), 0, 359)
+    depth = cv2.distanceTransform(glove.mask.astype(np.uint8) * 255, cv2.DIST_L2, 3)[yi, xi]  # px into the palm
+    assert len(obs) > 1000
+    assert float(depth.max()) <= 6.0, f"an observation {depth.max():.0f} px inside the glove"
+    assert int((depth > 0).sum()) < 0.005 * len(obs)
+
+
+def test_a_user_mask_keeps_corners_out(tmp_path: Path):
+    import cv2
+
+    d = synth_session(tmp_path, "session_2026-02-01_120000", 60, 2)
+    mask = np.full((360, 480), 255, np.uint8)
+    mask[:, :240] = 0
+    cv2.imwrite(str(d / "mask.png"), mask)
+    from packer.slam.options import SlamOptions
+    from packer.slam.pipeline import _load_mask
+    from packer.slam.tracks import TrackOptions
+
+    m = _load_mask(load_session(d), SlamOptions(mask="mask.png").mask)
+    tracks = track_keyframes(load_session(d).frame_paths, 6, TrackOptions(mask=m))
+    first = tracks.points[0] - 0.5
+    assert len(first) > 50 and float(first[:, 0].min()) >= 240 - 1
+
+
+@pytest.mark.parametrize("motion", ["hand", "fast"])
+def test_interpolation_between_keyframes_keeps_the_scale(motion: str):
+    """Perfect keyframes 0.1 s apart (the default spacing): the cubic between them
+    must not shrink the path by more than 0.1% (0.2 s shrank fast motion by up to 0.2%)."""
+    worst = 0.0
+    for seed in range(4):
+        tr = make_trajectory(np.random.default_rng(seed), motion, np.zeros(3), np.array([0.0, 1.0, -0.5]))
+        kt = np.arange(0, 12, 0.1)
+        t = np.arange(0, kt[-1] + 1e-9, 1 / 60)  # frames past the last keyframe get no pose
+        P, _fl = interpolate_poses(t, kt, tr.poses(kt))
+        s, _R, _t = umeyama(P[:, :3, 3], tr.position(t))
+        worst = max(worst, abs(s - 1.0))
+    assert worst < 0.001

@@ -15,7 +15,7 @@ CLUSTER     ?=
 CLUSTER_OPT := $(if $(CLUSTER),--cluster $(CLUSTER),)
 PYTEST_ARGS ?=
 
-.PHONY: install demo test pack slam budget upload train submit bench lint clean
+.PHONY: install demo test pack slam budget report upload train submit bench lint clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,9 @@ pack: install
 
 budget: install
 	$(BIN)/packer budget --out $(OUT)
+
+report: install
+	$(BIN)/packer report --raw $(RAW) --out $(OUT)
 
 upload: install
 	$(BIN)/transfer upload $(CLUSTER_OPT) --out $(OUT)

@@ -1,4 +1,4 @@
-"""`packer`: check, synth, slam, pack, verify, budget. Each command parses its options,
+"""`packer`: check, synth, slam, pack, verify, budget, report. Each command parses its options,
 calls the module that does the work, prints its summary and exits with a code
 from shardship.errors.Exit."""
 from __future__ import annotations
@@ -6,14 +6,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
+from shardship.interrupt import quiet_imports
 
-from packer.effects import EFFECTS, PROFILES
-from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
-from shardship.config import Config, PackOptions, load_config
-from shardship.errors import Exit, SessionError, ShardshipError
-from shardship.pil import describe
-from shardship.units import human, plural
+with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
+    import click
+
+    from packer.effects import EFFECTS, PROFILES
+    from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
+    from shardship.config import Config, PackOptions, load_config
+    from shardship.errors import Exit, SessionError, ShardshipError
+    from shardship.pil import describe
+    from shardship.units import human, plural
 
 CONFIG_OPT = config_option()
 
@@ -33,6 +36,7 @@ def main() -> None:
       packer pack                                  # poses + shards into data/packed
       packer verify                                # shards on disk == index.json?
       packer budget                                # will it fit the cluster quota?
+      packer report                                # one HTML page to look at every session
     """
 
 
@@ -47,6 +51,7 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
     if pil:
         return
     from packer.describe import describe as describe_session
+    from packer.duplicates import unique_sessions
     from packer.intake import extract_all
     from packer.session import discover, load_session, no_sessions
 
@@ -60,7 +65,10 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
                        + (" (metadata.json from the sidecar)" if e.sidecar_used else ""))
     for z, why in sorted(bad_zips.items()):
         click.echo(f"FAIL  {z}: {why}")
-    paths = discover(root)
+    paths, skipped, _ = unique_sessions(discover(root))
+    skipped = {e.zip_path.name: e.why for e in unzipped if e.status == "duplicate"} | skipped
+    for name, why in sorted(skipped.items()):
+        click.echo(f"skip  {name}: {why}")
     if not paths and not bad_zips:
         raise no_sessions(root)
     bad = len(bad_zips)
@@ -101,12 +109,16 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
               help="--no-glove: no encoders.json (BLE not connected).")
 @click.option("--capture", type=click.Choice(["ultrawide", "arkit"]), default="ultrawide", show_default=True,
               help="arkit: the legacy ARKit layout (metric poses, no IMU).")
+@click.option("--clock-step", type=float, default=0.0, show_default=True, metavar="SECONDS",
+              help="The phone's wall clock jumps by this much mid-recording (an NTP correction: imu.json, "
+                   "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @click.option("--quiet", is_flag=True,
               help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
-          profile: str | None, export: str, fps: str, glove: bool, capture: str, workers: int, quiet: bool) -> None:
+          profile: str | None, export: str, fps: str, glove: bool, capture: str, clock_step: float,
+          workers: int, quiet: bool) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
@@ -121,7 +133,7 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
         motion, fx = PROFILES[profile]
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
-                          progress=not quiet)
+                          clock_step=clock_step, progress=not quiet)
     click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
                + (" as zip exports" if export == "zip" else ""))
 
@@ -176,6 +188,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
         r = do_pack(raw_dir, out_dir, opts, progress=not quiet, prepare=prepare, ready=ready, frames=frames)
     for name in r.extracted:
         click.echo(f"unzipped {name}.zip -> {name}/")
+    for name, why in sorted(r.skipped.items()):
+        click.echo(f"skip  {name}: {why}", err=True)
     for name, ws in sorted(r.warnings.items()):
         for w in ws:
             click.echo(f"warn  session {name}: {w}", err=True)
@@ -272,7 +286,7 @@ def _slam_stage(cfg: Config, quiet: bool):
                 o = opts_for(s)
                 groups.setdefault(repr(o), (o, []))[1].append(s.path)
         for o, todo in groups.values():
-            for r in slam_sessions(todo, o):
+            for r in slam_sessions(todo, o, isolate=True):
                 if r.status == "failed":
                     failed[r.session] = f"slam: {r.reason} (fix it, or pack without poses: --no-slam)"
         return failed
@@ -316,6 +330,59 @@ def budget(out, quota, cluster, remote, keep, env_size, accept_new_host_key, con
     click.echo("fits.")
 
 
-from packer.slam_cli import slam as _slam  # noqa: E402
+@main.command()
+@click.option("--raw", type=click.Path(file_okay=False), default=None,
+              help="Raw sessions [data/raw]; optional: without it the page shows what the shards hold.")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="The HTML file to write [OUT/report.html].")
+@click.option("--quota", default=None, help="Quota the size is shown against, e.g. 10G [as packer budget].")
+@click.option("--budget/--no-budget", default=True, show_default=True,
+              help="Size the trainer's checkpoints for the quota table (loads torch: ~2-4 s).")
+@click.option("--workers", type=click.IntRange(1), default=None, help="Processes drawing sessions [cores, max 4].")
+@CONFIG_OPT
+@friendly_errors
+def report(raw, out, report_path, quota, budget, workers, config_path) -> None:
+    """One self-contained HTML page to look at every session before training:
+    packed / refused / skipped and why, size against the quota, the split, the
+    warnings; per session the trajectory, scale, joints, gyro vs camera, frames,
+    action statistics, and a flag when it is unusual against the others."""
+    from packer.report import DEFAULT_NAME, write_dataset_report
+
+    cfg = _cfg(config_path)
+    out_dir = Path(out) if out else cfg.packed
+    raw_dir = Path(raw) if raw else cfg.raw
+    path = Path(report_path) if report_path else out_dir / DEFAULT_NAME
+    ov = write_dataset_report(out_dir, raw_dir if raw_dir.is_dir() else None, path, train_cfg=dict(cfg.train),
+                              budget=_report_budget(cfg, out_dir, quota) if budget else None, workers=workers)
+    for name, why in ov["refused"]:
+        click.echo(f"refused {name}: {why}")
+    click.echo(f"report: {ov['n_packed']} packed, {ov['n_refused']} refused, {ov['n_skipped']} skipped -> {path}")
+
+
+def _report_budget(cfg: Config, out_dir: Path, quota: str | None) -> dict | None:
+    """`packer budget`'s table as plain numbers for the page (offline: the quota from
+    --quota or the config); None, with a line saying why, when it cannot be sized."""
+    try:
+        from train.budget import plan_budget
+    except ImportError as e:  # a packing-only install without torch
+        click.echo(f"note: no quota table in the report ({e})", err=True)
+        return None
+    from shardship.errors import ShardshipError
+
+    try:
+        b, source = plan_budget(cfg, out_dir, quota=quota)
+    except ShardshipError as e:
+        click.echo(f"note: no quota table in the report ({e})", err=True)
+        return None
+    sign = "-" if b.headroom < 0 else ""
+    return {"rows": [{"item": r.item, "size": human(r.bytes), "note": r.note} for r in b.rows],
+            "total": human(b.total), "quota": human(b.quota), "source": source, "over": b.over,
+            "headroom": sign + human(abs(b.headroom)), "fraction": b.total / b.quota if b.quota else 1.0,
+            "suggestions": list(b.suggestions)}
+
+
+with quiet_imports():
+    from packer.slam_cli import slam as _slam  # noqa: E402
 
 main.add_command(_slam)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from types import TracebackType
@@ -27,7 +29,12 @@ from shardship.config import PackOptions
 from shardship.pil import cache_image_buffers
 
 CHUNK = 16  # frames per task: small enough that the last tasks leave no core idle for long
-EARLY_FRAMES = 8_000  # fed before their session is checked: ~0.2 GB at most wait for a SLAM run elsewhere
+EARLY_FRAMES = 8_000  # fed (queued) before their session is checked
+# Frames encoded ahead of the writer at most: their JPEGs wait in memory (~25 kB
+# each at 224x224), so this bounds the pack's memory whatever the session length
+# (~0.1 GB), and it is ~15 s of work for 2 cores while a SLAM run or a session's
+# planning keeps the writer busy.
+AHEAD_FRAMES = 4_096
 
 
 def default_workers() -> int:
@@ -40,7 +47,12 @@ def default_workers() -> int:
 
 
 def _worker_init(lock_fd: int) -> None:
-    """A forked worker drops its copy of the out dir lock: only the pack holds it."""
+    """A forked worker drops its copy of the out dir lock: only the pack holds it.
+    It ignores Ctrl-C: a terminal sends SIGINT to the whole process group, and the
+    main process alone decides what an interrupt means (it stops the workers);
+    a worker of its own would print a KeyboardInterrupt traceback, or die half-way
+    through sending a result and leave the pool's result pipe corrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.close(lock_fd)
     except OSError:
@@ -48,8 +60,22 @@ def _worker_init(lock_fd: int) -> None:
     cache_image_buffers()
 
 
+@dataclass
+class _Fed:
+    """One session's frames: its chunks' tasks in order, None before they are
+    submitted and again once their results were handed out (so they are freed)."""
+    paths: list[str]
+    jobs: list[AsyncResult | None] = field(default_factory=list)
+    submitted: int = 0  # chunks submitted so far (always the first ones)
+
+    def __post_init__(self) -> None:
+        self.jobs = [None] * ((len(self.paths) + CHUNK - 1) // CHUNK)
+
+
 class FramePool:
-    """Use as a context manager: on an error, or with results nobody asked for
+    """Frames are encoded at most AHEAD_FRAMES ahead of what was handed out:
+    `feed` queues, the pool tops up as `results` hands out, the session being
+    read first. Use as a context manager: on an error, or with results nobody asked for
     (a session fed early that then failed), the workers are stopped at once.
     `lock_fd`: the out dir lock the forked workers must not keep (-1: not taken
     yet when the pool starts, so there is none to inherit)."""
@@ -57,7 +83,8 @@ class FramePool:
     def __init__(self, workers: int, spec: ResizeSpec, lock_fd: int = -1):
         self.workers, self.spec, self.lock_fd = workers or default_workers(), spec, lock_fd
         self._pool: Pool | None = None
-        self._fed: dict[str, tuple[list[str], list[AsyncResult]]] = {}
+        self._fed: dict[str, _Fed] = {}  # in feed order
+        self._ahead = 0  # chunks submitted and not handed out
         self._dropped = False
         self.early = EARLY_FRAMES  # frames that may still be fed before their session is checked
         self.started: float | None = None  # perf_counter of the first frame fed
@@ -82,25 +109,52 @@ class FramePool:
     def fed(self, name: str, paths: list[str]) -> bool:
         """Were exactly these frames fed for the session? Fed others (the listing
         `prefeed` made differs from the checked session's): those are dropped."""
-        if name in self._fed and self._fed[name][0] != paths:
+        if name in self._fed and self._fed[name].paths != paths:
             self.drop(name)
         return name in self._fed
 
     def feed(self, name: str, paths: list[str]) -> None:
         """Queue a session's frames (the kept ones, in order)."""
-        pool = self._start()
-        self._fed[name] = (paths, [pool.apply_async(process_frames, (paths[i:i + CHUNK], self.spec))
-                                   for i in range(0, len(paths), CHUNK)])
+        self._start()
+        self._fed[name] = _Fed(paths)
+        self._top_up()
+
+    def _submit(self, s: _Fed) -> None:
+        assert self._pool is not None
+        i = s.submitted
+        s.jobs[i] = self._pool.apply_async(process_frames, (s.paths[i * CHUNK:(i + 1) * CHUNK], self.spec))
+        s.submitted += 1
+        self._ahead += 1
+
+    def _top_up(self, first: _Fed | None = None) -> None:
+        """Submit queued chunks, `first`'s before the others', up to AHEAD_FRAMES."""
+        for s in ([first] if first is not None else []) + list(self._fed.values()):
+            while s.submitted < len(s.jobs) and self._ahead * CHUNK < AHEAD_FRAMES:
+                self._submit(s)
 
     def drop(self, name: str) -> None:
         """Nobody will ask for this session's results (it failed)."""
-        if self._fed.pop(name, None) is not None:
+        s = self._fed.pop(name, None)
+        if s is not None:
             self._dropped = True
+            self._ahead -= sum(j is not None for j in s.jobs)
+            self._top_up()
 
     def results(self, name: str) -> Iterator[tuple[bytes | None, bytes | None, str | None]]:
-        """(jpeg, frame_digest of the source, error) per frame of a fed session, in order."""
-        for chunk in self._fed.pop(name)[1]:
-            yield from chunk.get()
+        """(jpeg, frame_digest of the source, error) per frame of a fed session, in
+        order. Each chunk is let go once handed out: a session's JPEGs are never all
+        in memory at once."""
+        s = self._fed[name]
+        for i in range(len(s.jobs)):
+            if i >= s.submitted:
+                self._submit(s)
+            job, s.jobs[i] = s.jobs[i], None
+            assert job is not None
+            out = job.get()
+            self._ahead -= 1
+            self._top_up(s)
+            yield from out
+        del self._fed[name]
 
     def __enter__(self) -> FramePool:
         return self
@@ -110,18 +164,44 @@ class FramePool:
         if self._pool is None:
             return
         if exc_type is not None or self._fed or self._dropped:
-            self._pool.terminate()
+            stop_now(self._pool)
         else:
             self._pool.close()
-        self._pool.join()
+            self._pool.join()
+
+
+def stop_now(pool: Pool) -> None:
+    """Kill the workers and reap them, without `Pool.terminate`: that one drains
+    the result pipe, which blocks for ever when a worker was killed half-way
+    through writing a result (the remaining bytes never come), and it also runs
+    from the pool's exit finalizer. Seen as a Ctrl-C that hung `packer pack` until
+    a second one. The pool's threads are daemons left blocked on its pipes, with
+    nothing that joins them; the workers hold nothing the main process needs (they
+    only encode their own inputs) and never the out dir lock."""
+    from multiprocessing.pool import TERMINATE
+
+    pool._state = TERMINATE  # type: ignore[attr-defined]
+    for handler in (pool._worker_handler, pool._task_handler, pool._result_handler):  # type: ignore[attr-defined]
+        handler._state = TERMINATE  # the worker handler must not start replacements for the killed ones
+    for _ in range(2):  # again for any replacement the handler started before it saw TERMINATE
+        workers = list(pool._pool)  # type: ignore[attr-defined]
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+        for w in workers:
+            w.join(5)
+        pool._worker_handler.join(1)  # type: ignore[attr-defined]
+    pool._terminate.cancel()  # type: ignore[attr-defined]  # no Pool.terminate at interpreter exit either
 
 
 def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     """A pool for `packer pack`, already encoding when the out dir has no index.json
     yet (a first pack: every session that checks out will be encoded): the frames
     of each session folder as a directory listing gives them (rgb/<number>.jpg in
-    number order, every stride-th), up to EARLY_FRAMES. pack compares each listing
+    number order, every stride-th), up to EARLY_FRAMES; not `session_X (1)/`
+    beside `session_X/` (a second copy, packer.duplicates). pack compares each listing
     with the checked session's frames and drops any that differ."""
+    from packer.duplicates import original_name
     from packer.lockfile import held_by_another
 
     frames = FramePool.for_options(opts)
@@ -131,7 +211,7 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     try:
         for d in sorted(p for p in raw.iterdir() if p.is_dir() and not p.name.startswith(".")):
             rgb = d / "rgb"
-            if not rgb.is_dir():
+            if not rgb.is_dir() or (original_name(d.name) != d.name and (raw / original_name(d.name)).is_dir()):
                 continue
             stems = ((Path(f.name).stem, f.name) for f in os.scandir(rgb) if f.name.lower().endswith((".jpg", ".jpeg")))
             files = sorted((int(stem), name) for stem, name in stems if stem.isdigit())

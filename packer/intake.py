@@ -28,6 +28,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from packer.duplicates import skipped_exports
 from shardship.errors import SessionError
 
 TMP_SUFFIX = ".unzip-tmp"
@@ -49,8 +50,9 @@ class Extracted:
 
     zip_path: Path
     session_dir: Path
-    status: str  # "extracted" | "already" (folder exists, nothing done)
+    status: str  # "extracted" | "already" (folder exists, nothing done) | "duplicate" (not unpacked)
     sidecar_used: bool  # metadata.json came from the sidecar because the zip lacked it
+    why: str = ""  # for a duplicate: of what, and whether the bytes are the same
 
 
 @dataclass
@@ -72,10 +74,17 @@ def find_exports(raw: Path) -> list[Path]:
 
 def extract_all(raw: Path) -> tuple[list[Extracted], dict[str, str]]:
     """Extract every export under `raw`. Returns (done, {zip file name: reason});
-    a bad zip is reported and skipped so it never stops the others."""
+    a bad zip is reported and skipped so it never stops the others. A second
+    export `session_X (1).zip` of a session already there is not unpacked
+    (status "duplicate", packer.duplicates says why)."""
     done: list[Extracted] = []
     failed: dict[str, str] = {}
-    for zip_path in find_exports(raw):
+    zips = find_exports(raw)
+    copies = skipped_exports(zips, raw)
+    for zip_path in zips:
+        if zip_path.name in copies:
+            done.append(Extracted(zip_path, raw / zip_path.stem, "duplicate", False, copies[zip_path.name]))
+            continue
         try:
             done.append(extract_export(zip_path, raw))
         except SessionError as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.actions import OBS_STATS_STEPS, POSE_DIMS, RunningStats
+from packer.duplicates import unique_sessions
 from packer.encoders import JOINTS, UNITS
 from packer.fingerprint import content_fingerprint, stat_signature
 from packer.framepool import FramePool
@@ -44,6 +45,7 @@ class PackReport:
     failed: dict[str, str] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     extracted: list[str] = field(default_factory=list)  # zip exports unpacked this run
+    skipped: dict[str, str] = field(default_factory=dict)  # second copies of a session (packer.duplicates): why
     warnings: dict[str, list[str]] = field(default_factory=dict)  # per session, packed or kept
     raw_bytes: int = 0
     packed_bytes: int = 0
@@ -96,8 +98,8 @@ def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes:
     return {
         "fingerprint": fingerprint, "stat_signature": plan.signature, "frames": s.n_frames, "samples": len(plan.keep),
         "raw_bytes": raw_bytes, "packed_bytes": sum(x.bytes for x in shards),
-        "shards": [x.name for x in shards], "intrinsics": plan.metas[0]["intrinsics"] if plan.metas else None,
-        "pose_metric": any(m["pose_metric"] for m in plan.metas),
+        "shards": [x.name for x in shards], "intrinsics": plan.metas.k if len(plan.metas) else None,
+        "pose_metric": plan.metas.pose_metric,
         "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": list(JOINTS),
         "joints_valid": plan.joints_valid, "capture": s.capture, "fps": s.fps, "fps_source": s.fps_source,
         "pose_source": s.pose_source, "frames_without_pose": plan.frames_without_pose, "clock": plan.clock,
@@ -211,7 +213,8 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
     unzipped, bad_zips = extract_all(raw)
     report.extracted = [e.session_dir.name for e in unzipped if e.status == "extracted"]
     report.failed.update({Path(z).stem: f"{z}: {why}" for z, why in bad_zips.items()})
-    paths = discover(raw)
+    paths, skipped, content = unique_sessions(discover(raw))
+    report.skipped = {e.zip_path.name: e.why for e in unzipped if e.status == "duplicate"} | skipped
     sessions = _load_feeding(paths, opts, index, ready, frames, report.failed)
     report.mark("load and check sessions")
     if prepare is not None and sessions:
@@ -225,7 +228,7 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
         _save(pub)  # publish the removal, then its files go (frees their space before encoding)
 
     todo = _to_encode(sessions, opts, options, index, pub, report)
-    for name in report.failed:
+    for name in [*report.failed, *report.skipped]:
         frames.drop(name)
     report.mark("reuse decisions")
     if todo:
@@ -233,7 +236,9 @@ def _pack_locked(raw: Path, out: Path, opts: PackOptions, progress: bool,
         report.mark("encode: plan, sample JSON, tar, publish")
         report.encode_seconds = time.perf_counter() - max(frames.started or t0, t0)
 
-    index["failed"] = dict(report.failed)
+    index["failed"], index["skipped"] = dict(report.failed), dict(report.skipped)
+    for name, entry in index["sessions"].items():  # what packer.duplicates and the train split compare
+        entry["content_key"] = content.get(name, entry.get("content_key"))
     _apply_compression(pub, opts.compress)
     _save(pub)
     report.raw_bytes = sum(e.get("raw_bytes", 0) for e in index["sessions"].values())

@@ -5,6 +5,7 @@ Pure per-session planning; `packer.pack` does the I/O."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, load_encoders, load_p
 from shardship.config import PackOptions
 
 MIN_ENCODER_COVERAGE = 0.5  # below this the joints would mostly be held values: refuse
+BLOCK = 512  # frames whose sample JSON is built at a time (see SampleMetas)
 
 
 @dataclass
@@ -30,7 +32,7 @@ class SessionPlan:
     session: Session
     signature: str  # stat signature; the content fingerprint comes from the workers
     keep: np.ndarray  # positions into session.frames kept after stride
-    metas: list[dict[str, Any]]  # per kept frame sample JSON (without image)
+    metas: SampleMetas  # per kept frame sample JSON (without image), built as read
     action_stats: RunningStats | None
     proprio_stats: RunningStats | None
     obs_stats: list[RunningStats] | None  # relative proprio per backward offset (actions.obs_stats)
@@ -78,26 +80,8 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
         pstats.add(joints)
 
     metric = bool(poses_are_metric(session) and poses is not None)
-    # rounded and converted once per session, not per frame: the per-frame numpy
-    # calls were a tenth of the main process's work while the workers encode
-    pose_l, action_l, joint_l = _r(poses), _r(actions), _r(joints)
-    assert joint_l is not None  # joints is an array, zeros when masked
-    mask_l, posed_l, t_l = mask.tolist(), posed.tolist(), t.tolist()
-    metas = []
-    for j, frame in enumerate(idx):
-        p = posed_l[j]
-        metas.append({
-            "session": session.name, "frame": frame, "timestamp": t_l[j],
-            "image_size": [opts.size, opts.size], "intrinsics": k,
-            "pose": pose_l[j] if pose_l is not None and p else None,  # posed[j] implies poses is set
-            "pose_metric": metric and p,
-            "pose_flag": flags.get(frame, "given") if p else ("outside" if poses is not None else None),
-            "interpolated": flags.get(frame, "registered") != "registered" if p else False,
-            "proprio": joint_l[j],
-            "joints_valid": joints_valid,
-            "action": action_l[j] if action_l is not None and p else None,
-            "action_mask": mask_l[j],
-        })
+    metas = SampleMetas(session.name, idx, t, opts.size, k, metric, flags, posed, poses, joints, joints_valid,
+                        actions, mask)
     return SessionPlan(session, signature, keep, metas, astats, pstats, ostats, joints_valid, clock.to_json(),
                         int((~posed).sum()) if poses is not None else len(idx))
 
@@ -142,6 +126,67 @@ def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndar
         session.warnings.append(f"encoders.json covers {cov:.0%} of the video: joints held at the first/last reading "
                                 "outside it")
     return enc.at(epoch), True
+
+
+class SampleMetas(Sequence):
+    """Each kept frame's sample JSON, built from the session's arrays BLOCK frames
+    at a time as the writer reads them in order: the whole session's at once, as
+    Python lists (the action chunk alone is 16 x 13 floats), took ~8 kB per frame,
+    0.15 GB for a 5-minute session (as numpy rows for orjson still ~1 kB of dict
+    per frame). Rounded per block, not per frame: per-frame numpy calls were a
+    tenth of the main process's work."""
+
+    def __init__(self, session: str, idx: list[int], t: np.ndarray, size: int, k: Any, metric: bool,
+                 flags: dict[int, str], posed: np.ndarray, poses: np.ndarray | None, joints: np.ndarray,
+                 joints_valid: bool, actions: np.ndarray | None, mask: np.ndarray):
+        self.session, self.idx, self.t, self.size, self.k, self.metric = session, idx, t, size, k, metric
+        self.flags, self.posed, self.poses, self.joints, self.joints_valid = flags, posed, poses, joints, joints_valid
+        self.actions, self.mask = actions, mask
+        self._block: tuple[int, list[dict[str, Any]]] = (-1, [])
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    @property
+    def pose_metric(self) -> bool:
+        """Does any sample carry a metric pose?"""
+        return bool(self.metric and self.posed.any())
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        if not -len(self) <= j < len(self):
+            raise IndexError(j)
+        j %= len(self)
+        b = j // BLOCK
+        if self._block[0] != b:
+            self._block = (b, self._build(b * BLOCK, min(len(self), (b + 1) * BLOCK)))
+        return self._block[1][j - b * BLOCK]
+
+    def _build(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        sl = slice(lo, hi)
+        pose_l = _r(self.poses[sl] if self.poses is not None else None)
+        action_l = _r(self.actions[sl] if self.actions is not None else None)
+        joint_l, mask_l = _r(self.joints[sl]), self.mask[sl].tolist()
+        assert joint_l is not None  # joints is an array, zeros when masked
+        posed_l, t_l = self.posed[sl].tolist(), self.t[sl].tolist()
+        flags, has_poses = self.flags, self.poses is not None
+        out = []
+        for j, frame in enumerate(self.idx[sl]):
+            p = posed_l[j]
+            out.append({
+                "session": self.session, "frame": frame, "timestamp": t_l[j],
+                "image_size": [self.size, self.size], "intrinsics": self.k,
+                "pose": pose_l[j] if pose_l is not None and p else None,  # posed[j] implies poses is set
+                "pose_metric": self.metric and p,
+                "pose_flag": flags.get(frame, "given") if p else ("outside" if has_poses else None),
+                "interpolated": flags.get(frame, "registered") != "registered" if p else False,
+                "proprio": joint_l[j],
+                "joints_valid": self.joints_valid,
+                "action": action_l[j] if action_l is not None and p else None,
+                "action_mask": mask_l[j],
+            })
+        return out
 
 
 def _r(x: np.ndarray | None) -> np.ndarray | list | None:

@@ -20,6 +20,8 @@ try:
 except ImportError:  # optional: json parses the same
     orjson = None  # type: ignore[assignment]
 
+from packer.clockstep import ClockStepError
+from packer.clockstep import repair as repair_clock_steps
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
@@ -225,6 +227,8 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
     s = Session(path, name, frames, frame_paths, np.zeros(0), "", DEFAULT_FPS, _read_calib(path, name),
                 metadata, warnings, pose_entries, capture)
     s.pose_source = poses_provenance(metadata, pose_entries, raw_poses[0], capture)
+    if (path / "encoders.json").exists():  # before the IMU: a clock step is undone in both (packer.clockstep)
+        s.encoder_rows = read_json(name, path / "encoders.json")
     if (path / "imu.json").exists():
         s.imu = load_imu(s)
     _frame_clock(s)
@@ -347,12 +351,11 @@ def _frame_clock(s: Session) -> None:
 
 
 def _encoder_span(s: Session) -> tuple[float, float] | None:
-    """(first, last) receive time in encoders.json; the decoded rows are kept on the
-    session for `load_encoders`, so the file is read once per load."""
-    p = s.file("encoders.json")
-    if not p.exists():
+    """(first, last) receive time in encoders.json (the rows load_session decoded,
+    once per load, and packer.clockstep repaired)."""
+    rows = s.encoder_rows
+    if rows is None:
         return None
-    rows = s.encoder_rows = read_json(s.name, p)
     try:
         t = [float(r["timestamp"]) for r in rows] if isinstance(rows, list) else []
     except (KeyError, TypeError, ValueError):
@@ -426,23 +429,37 @@ class Imu:
 def load_imu(session: Session) -> Imu:
     if session.imu is not None:
         return session.imu
-    p = session.file("imu.json")
-    data = read_json(session.name, p)
+    return read_imu(session.path, session.name, session.encoder_rows, session.warnings)
+
+
+def read_imu(folder: Path, name: str, encoder_rows: Any = None, warnings: list[str] | None = None) -> Imu:
+    """`folder`/imu.json of session `name`, parsed and checked, without loading the
+    rest of the session (`packer report` needs only the gyro). A wall-clock step is
+    repaired where the data determine it (`packer.clockstep`, with encoders.json's
+    rows when given) and said in `warnings`."""
+    p, file = folder / "imu.json", "imu.json"
+    data = read_json(name, p)
     if not isinstance(data, list) or len(data) < 2:
-        raise session.error(p, "expected a list of at least 2 samples")
+        raise SessionError(name, file, "expected a list of at least 2 samples")
     try:
         t = np.array([d["timestamp"] for d in data], dtype=np.float64)
         acc = np.array([d["accel"] for d in data], dtype=np.float64)
         gyr = np.array([d["gyro"] for d in data], dtype=np.float64)
     except (KeyError, TypeError, ValueError) as e:
-        raise session.error(p, f"each sample needs timestamp, accel[3], gyro[3] ({e})") from None
+        raise SessionError(name, file, f"each sample needs timestamp, accel[3], gyro[3] ({e})") from None
     if acc.shape != (len(t), 3) or gyr.shape != (len(t), 3):
-        raise session.error(p, "accel and gyro must be 3-vectors")
+        raise SessionError(name, file, "accel and gyro must be 3-vectors")
     bad = ~(np.isfinite(acc).all(1) & np.isfinite(gyr).all(1) & np.isfinite(t))
     if bad.any():
         i = int(np.argmax(bad))
-        raise session.error(p, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
-    _monotonic(session.name, "imu.json", t, "IMU timestamps")
+        raise SessionError(name, file, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
+    try:
+        t, steps = repair_clock_steps(t, encoder_rows)
+    except ClockStepError as e:
+        raise SessionError(name, file, str(e)) from None
+    if warnings is not None:
+        warnings.extend(steps)
+    _monotonic(name, file, t, "IMU timestamps")
     return Imu(t, acc, gyr)
 
 

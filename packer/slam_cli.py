@@ -76,7 +76,11 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
     _done, bad_zips = extract_all(Path(root))
     for z, why in sorted(bad_zips.items()):
         click.echo(f"FAIL  {z}: {why}", err=True)
-    paths = discover(root)
+    from packer.duplicates import unique_sessions
+
+    paths, skipped, _ = unique_sessions(discover(root))
+    for name, why in sorted(skipped.items()):
+        click.echo(f"skip   {name}: {why}")
     if only:
         wanted = set(only)
         missing = sorted(wanted - {p.name for p in paths})

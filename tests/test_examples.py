@@ -43,3 +43,29 @@ def test_own_loop_example_trains_resumes_and_calls_a_checkpoint(tmp_path: Path) 
          "--batch-size", "4", "--num-workers", "0", "--warmup", "0", "--val-every", "0")
     called = _run("examples/own_loop.py", "--data", str(packed), "--steps", "0", "--checkpoint", str(run / "last.pt"))
     assert "action chunk (8, 16, 13)" in called and "position error" in called
+
+
+@pytest.mark.timeout(600)
+def test_lightning_example_takes_hydra_overrides_checkpoints_and_resumes_from_last(tmp_path: Path) -> None:
+    """examples/lightning_train.py on one CPU process: `a.b=v` overrides, last.ckpt, and a second
+    run with more epochs resumes from it (ckpt_path="last"), not from step 0; what it refuses."""
+    pytest.importorskip("pytorch_lightning")
+    out = tmp_path / "lit"
+    env = {**_env(), "SHARDSHIP_OUT": str(out)}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "examples/lightning_train.py", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    first = run("trainer.max_epochs=1", "data.batch_size=16", "data.size=160")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert "lightning: rank 0/1 on" in first.stdout and "world size 1, starting at global step 0" in first.stdout
+    assert "done at global step 10 epoch 1" in first.stdout, first.stdout
+    assert (out / "last.ckpt").is_file() and (out / "metrics.csv").is_file()
+    again = run("trainer.max_epochs=2", "data.batch_size=16", "data.size=160", "+trainer.max_steps=15")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "starting at global step 10 epoch 1" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert "done at global step 15" in again.stdout, again.stdout
+    bad = run("trainer.max_epoch=1")
+    assert bad.returncode != 0 and "key 'trainer.max_epoch' is not in the config (add it with +trainer.max_epoch)" \
+        in bad.stderr, bad.stderr[-2000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from shardship.config import load_config, tomllib
+from shardship.config import ClusterConfig, load_config, tomllib
 from shardship.errors import ShardshipError
 
 CONFIG = """
@@ -221,3 +221,52 @@ def test_command_checks_the_launch_contract(tmp_path: Path, monkeypatch: pytest.
                        ("python", "name the script")):
         r = _submit(tmp_path, "--dry-run", "--offline", "--command", cmd)
         assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+def test_command_overrides_are_checked_against_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hydra-style overrides on the command win over the script: trainer.devices=1 on 4 GPUs
+    per node, dataloader.params.num_workers past the node's memory, each one line naming the key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fit.py").write_text("import lightning as L\nL.Trainer(devices=4, num_nodes=2).fit()\n")
+    ok = _submit(tmp_path, "--dry-run", "--offline", "--command",
+                 "python fit.py agent=hydra_mdp_v8192_w_ep dataloader.params.batch_size=22")
+    assert ok.exit_code == 0 and "error" not in ok.stderr, ok.output
+    assert "fit.py agent=hydra_mdp_v8192_w_ep dataloader.params.batch_size=22 &" in ok.stdout, ok.stdout
+    dev = _submit(tmp_path, "--dry-run", "--offline", "--command", "python fit.py trainer.devices=1")
+    assert dev.exit_code == 2, dev.output
+    assert ("error: command: the command sets trainer.devices=1 but the job runs 2 node(s) x 4 rank(s), one srun "
+            "task per rank" in dev.stderr and "set trainer.devices=4" in dev.stderr), dev.stderr
+    nodes = _submit(tmp_path, "--dry-run", "--offline", "--command", "python fit.py +trainer.num_nodes=1")
+    assert nodes.exit_code == 2 and "set trainer.num_nodes=2" in nodes.stderr, nodes.output
+    # 4 GPU ranks x (3 GB + 16 workers x 1 GB) per node, past 64G - 10%: 11 workers per rank fit
+    mem = _submit(tmp_path, "--dry-run", "--offline", "--command", "python fit.py dataloader.params.num_workers=16")
+    assert mem.exit_code == 2, mem.output
+    assert "4 ranks x (3.0 GB + 16 workers x 1.0 GB per worker" in mem.stderr, mem.stderr
+    assert "set dataloader.params.num_workers=11 on the command" in mem.stderr, mem.stderr
+    assert "set dataloader.params.num_workers=3 on the command or cpus = 68" in mem.stderr, mem.stderr
+
+
+def test_a_wrapper_that_runs_python_itself_is_refused_naming_the_line(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run_training.sh").write_text("#!/bin/bash\nexport HYDRA_FULL_ERROR=1\n"
+                                              "python $ROOT/run_training.py agent=ego_mlp_agent\n")
+    for cmd in ("bash run_training.sh", "./run_training.sh"):
+        r = _submit(tmp_path, "--dry-run", "--offline", "--command", cmd)
+        assert r.exit_code == 2, r.output
+        line = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+        assert len(line) == 1 and "run_training.sh starts python itself (line 3: 'python $ROOT/run_training.py " \
+            "agent=ego_mlp_agent'), which in the job runs once without srun: only rank 0 would join" in line[0], line
+
+
+def test_memory_fix_says_num_workers_0_when_only_that_fits() -> None:
+    from train.jobs import build_spec
+    from train.jobs.checks import check_memory
+
+    cluster = ClusterConfig(name="c", scheduler="slurm", gpus=0, cpus=4, mem="3G", time="01:00:00")
+    spec = build_spec(cluster, {"num_workers": 2}, "/r", "test", ranks_per_node=2)
+    [f] = check_memory(spec, 2**30, "default")
+    assert f.level == "error" and f.message.endswith("set [train] num_workers = 0"), f
+    spec = build_spec(cluster, {"num_workers": 2}, "/r", "test", ranks_per_node=4)
+    [f] = check_memory(spec, 2**30, "default")
+    assert f.message.endswith("use fewer processes per node or a node with more memory"), f

@@ -191,3 +191,45 @@ def test_sge_memory_is_requested_in_the_sites_form() -> None:
     evil = ClusterConfig(**{**cluster.__dict__, "mem_resource": "h_vmem=1G -l x"})
     with pytest.raises(ShardshipError, match="mem_resource"):
         render(build_spec(evil, train, root, "x"))
+
+
+# the ICON case: someone else's one-process script that picks its device with torch.cuda.is_available()
+ICON_CASES = {
+    "slurm_icon": (ClusterConfig(name="hpc", host="login.hpc.example.edu", scheduler="slurm", gpus=1, cpus=8,
+                                 mem="32G", time="12:00:00", partition="gpu", account="mylab", setup=SLURM_SETUP),
+                   "/home/student/icon"),
+    "sge_icon": (ClusterConfig(name="scc", host="scc1.bu.edu", scheduler="sge", gpus=1, cpus=4, mem="32G",
+                               time="12:00:00", gpu_c="7.0", project="mylab", setup=SCC_SETUP),
+                 "/projectnb/mylab/icon"),
+}
+ICON_COMMAND = ("train_icon.py", "--config", "configs/icon.yaml", "model.lr=3e-4")
+
+
+def _render_icon(case: str) -> str:
+    cluster, root = ICON_CASES[case]
+    return render(build_spec(cluster, {"num_workers": 3}, root, SOURCE.format(name=cluster.name),
+                             name="icon", command=ICON_COMMAND))
+
+
+@pytest.mark.parametrize("case", sorted(ICON_CASES))
+def test_icon_plain_script_on_one_gpu_golden(case: str) -> None:
+    """The GPU is asked for (--gres=gpu:1 / -l gpus=1); the script runs as given, one process, no
+    launcher, from the remote root, with the run's places in SHARDSHIP_*."""
+    text = _render_icon(case)
+    path = GOLDEN / f"{case}.sh"
+    if os.environ.get("SHARDSHIP_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{case}: rendered script differs from {path}"
+    assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
+    sched = "#SBATCH " if case.startswith("slurm") else "#$ "
+    d = _directives(text, sched)
+    if case.startswith("slurm"):
+        assert "--gres=gpu:1" in d and "--ntasks=1" in d and "--partition=gpu" in d and "--cpus-per-task=8" in d, d
+    else:
+        assert "-l gpus=1" in d and "-l gpu_c=7.0" in d and "-pe omp 4" in d, d
+        assert not re.search(r"CUDA_VISIBLE_DEVICES\s*=", text)
+    assert re.search(r"^python3 train_icon.py --config configs/icon.yaml model.lr=3e-4 &$", text, re.M), text
+    body = text[text.index("set +e"):]
+    assert "srun" not in body and "torchrun" not in body and "train run" not in text
+    assert re.search(r"^export SHARDSHIP_DATA=\S+ SHARDSHIP_OUT=\S+/outputs/icon SHARDSHIP_TIME_LIMIT=\d+$", text, re.M)
+    assert f"cd {ICON_CASES[case][1]}\n" in text

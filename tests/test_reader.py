@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 from shardship.errors import ShardshipError
+from shardship.split import split_sessions
 from tests.datasets import make_packed
 from train.data import ShardDataset, load_index, make_loader, partition, verify_shards
 from train.data.dataset import unwrap_worker_error
-from train.data.index import split_sessions
 
 
 # ------------------------------------------------------------------ pure math

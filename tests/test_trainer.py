@@ -235,6 +235,9 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
     rep = json.loads((out / "eval.json").read_text())
     assert rep["samples"] == 16 and math.isfinite(rep["position_error_cm"]) and rep["rotation_error_deg"] >= 0
     assert (out / "eval.png").stat().st_size > 1000
+    page = (out / "eval.html").read_text()  # the page: the held-out session, its figure, the three errors
+    assert all(n in page for n in rep["val_sessions"]) and page.count('src="data:image/png;base64,') == 2
+    assert "page: " in ev.stdout
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardship.errors import ShardshipError
+from shardship.split import SEED, VAL_FRACTION
 
 # ------------------------------------------------------------------ [train.model]
 DEFAULTS: dict[str, Any] = {
@@ -160,11 +161,11 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep: int = 2  # periodic step_N.pt files kept
     val_every: int = 500
-    val_fraction: float = 0.1
+    val_fraction: float = VAL_FRACTION
     val_sessions: list[str] = field(default_factory=list)
     ema_decay: float = 0.999
     grad_clip: float = 1.0
-    seed: int = 0
+    seed: int = SEED
     window: int = 8  # shards shuffled together
     # observation frames per sample (t-N+1 .. t); None: the model preset's (stack 2,
     # small/base 2, tiny 1). Set here it overrides [train.model] obs_horizon too.

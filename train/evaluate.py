@@ -29,7 +29,7 @@ from shardship.atomic import atomic_open, write_json
 from shardship.errors import ShardshipError
 from train.checkpoint import load_checkpoint
 from train.data import ShardDataset, load_index, make_loader, verify_shards
-from train.data.dataset import unwrap_worker_error
+from train.data.dataset import sample_keys, unwrap_worker_error
 from train.ddp import pick_device
 from train.model import DiffusionPolicy
 from train.tblog import ScalarLog
@@ -122,8 +122,8 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
              ddim_steps: int | None = None, batch_size: int = 32, num_workers: int = 2, device: str = "auto",
              seed: int = 0, progress: bool = True, sampler: str | None = None) -> dict[str, Any]:
     """Evaluate the EMA policy of a checkpoint on its validation sessions; writes
-    eval.json and eval.png next to the checkpoint (and eval/ TensorBoard scalars
-    there) and returns the metrics. `sampler`: ddim or ddpm (default: the model's)."""
+    eval.json, eval.png and eval.html (the page) next to the checkpoint (and eval/
+    TensorBoard scalars there) and returns the metrics. `sampler`: ddim or ddpm (default: the model's)."""
     data, out = Path(data), Path(out)
     if max_samples < 0:
         raise ShardshipError(f"--max-samples must be >= 0 (0 = every validation sample; got {max_samples})")
@@ -147,7 +147,8 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
     kind = sampler or model.cfg["sampler"]
     want = min(max_samples, val_ix.n_samples) if max_samples > 0 else val_ix.n_samples
     ds = ShardDataset(val_ix, batch_size, seed=seed, tail="pad", obs_horizon=checkpoint_frames(ck, index))
-    pred, true, mask, jv, sess = _sample_chunks(model, ds, want, num_workers, dev, seed, ddim_steps, kind, progress)
+    pred, true, mask, jv, sess, rows = _sample_chunks(model, ds, want, num_workers, dev, seed, ddim_steps, kind,
+                                                      progress)
     res = chunk_errors(pred, true, mask, jv > 0, sess)
     res["per_session"] = {val_ix.session_names[int(k)]: v for k, v in res["per_session"].items()}
     steps = int(ddim_steps or (ck["model_config"]["ddim_steps"] if kind == "ddim" else
@@ -161,6 +162,10 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
     write_json(ck_path.parent / "eval.json", res)
     plot_eval(pred, true, mask, res, ck_path.parent / "eval.png")
     res["png"] = str(ck_path.parent / "eval.png")
+    from train.report import write_eval_page
+
+    res["html"] = str(write_eval_page(data, sample_keys(ds.index, rows), pred, true, mask, res,
+                                      ck_path.parent / "eval.html", png=ck_path.parent / "eval.png"))
     log = ScalarLog.open(ck_path.parent)
     log.write({"step": res["step"], **{f"eval/{k}": res[k] for k in ("position_cm", "rotation_deg", "joint_deg")
                                        if k in res}})
@@ -178,11 +183,12 @@ def checkpoint_frames(ck: dict[str, Any], index: Any) -> int | None:
 
 def _sample_chunks(model: DiffusionPolicy, ds: ShardDataset, want: int, num_workers: int, dev: torch.device,
                    seed: int, steps: int | None, sampler: str, progress: bool) -> tuple[np.ndarray, ...]:
-    """(pred, true, mask, joints_valid, session) of the first `want` validation samples."""
+    """(pred, true, mask, joints_valid, session, sample row in ds.index) of the first
+    `want` validation samples."""
     from shardship.progress import bar as progress_bar
 
     gen = torch.Generator(device=dev).manual_seed(seed)
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", "true", "mask", "jv", "sess")}
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("pred", "true", "mask", "jv", "sess", "row")}
     n = 0
     bar = progress_bar(want, "eval", "sample", None if progress else False, leave=False)
     it = iter(make_loader(ds, num_workers, dev.type == "cuda", seed=seed))
@@ -200,11 +206,12 @@ def _sample_chunks(model: DiffusionPolicy, ds: ShardDataset, want: int, num_work
         for k, src in (("true", "action"), ("mask", "action_mask"), ("jv", "joints_valid")):
             cols[k].append(batch[src][keep].numpy())
         cols["sess"].append(ds.index.session[batch["index"][keep].numpy()])
+        cols["row"].append(batch["index"][keep].numpy())
         n += int(keep.sum())
         bar.update(int(keep.sum()))
     bar.close()
     del it
-    return tuple(np.concatenate(cols[k])[:want] for k in ("pred", "true", "mask", "jv", "sess"))
+    return tuple(np.concatenate(cols[k])[:want] for k in ("pred", "true", "mask", "jv", "sess", "row"))
 
 
 def plot_eval(pred: np.ndarray, true: np.ndarray, mask: np.ndarray, res: dict[str, Any], png: Path,
@@ -257,6 +264,8 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     if last is not None and not math.isnan(last):
         lines.append(f"at the last horizon step: {last:.2f} cm, {res['rotation_error_deg_per_step'][-1]:.2f} deg")
     lines.append(f"plot: {res['png']}")
+    if res.get("html"):
+        lines.append(f"page: {res['html']} (predicted vs recorded, per validation session)")
     return lines
 
 

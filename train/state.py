@@ -183,7 +183,7 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
     index = load_index(data)
     verify_shards(index, progress=progress and d.is_main)
     train_names, val_names = split_sessions(index.sessions_present(), float(cfg.val_fraction), int(cfg.seed),
-                                            cfg.val_sessions or None)
+                                            cfg.val_sessions or None, index.session_content)
     train_ix = index.select_sessions(train_names)
     val_ix = index.select_sessions(val_names) if val_names else None
     train_ds = make_dataset(train_ix, cfg, d, "drop")

@@ -403,9 +403,11 @@ def default_jobs(threads: int) -> int:
 
 
 def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None = None,
-                  jobs: int | None = None) -> list[SlamResult]:
+                  jobs: int | None = None, isolate: bool = False) -> list[SlamResult]:
     """Run `slam_session` over `paths`, in `jobs` processes (default: cores // threads).
-    Results come back in the order of `paths`."""
+    Results come back in the order of `paths`. `isolate`: worker processes even
+    for one job, so that a Ctrl-C stops a reconstruction at once (`packer pack`):
+    in this process it would wait until pycolmap's C++ returns, tens of seconds."""
     opts = opts or SlamOptions()
     opts.validate()
     dirs = [Path(p) for p in paths]
@@ -415,23 +417,45 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
     from shardship.progress import bar as progress_bar
 
     bar = progress_bar(len(dirs), "slam", "session", None if opts.progress and len(dirs) >= 2 else False)
-    if jobs == 1:
+    if jobs == 1 and not isolate:
         for i, p in enumerate(dirs):
             out[i] = slam_session(p, opts)
             bar.update(1)
     else:
-        import multiprocessing as mp
-
-        worker_opts = dataclasses.replace(opts, progress=False)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(slam_session, p, worker_opts): i for i, p in enumerate(dirs)}
-            for f in as_completed(futs):
-                i = futs[f]
-                try:
-                    out[i] = f.result()
-                except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
-                    out[i] = SlamResult(dirs[i].name, dirs[i], "failed",
-                                        message=f"session {dirs[i].name}: internal error: {type(e).__name__}: {e}")
-                bar.update(1)
+        _in_processes(dirs, dataclasses.replace(opts, progress=opts.progress and jobs == 1), jobs, out, bar)
     bar.close()
     return [out[i] for i in range(len(dirs))]
+
+
+def _in_processes(dirs: list[Path], opts: SlamOptions, jobs: int, out: dict[int, SlamResult], bar: Any) -> None:
+    """slam_session per directory in `jobs` spawned processes. They start with
+    Ctrl-C ignored (a terminal sends it to the whole group: they would print
+    KeyboardInterrupt tracebacks); on an interrupt or any error this process kills
+    them, instead of the executor's shutdown waiting for the running ones."""
+    import multiprocessing as mp
+    import signal
+
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec by the spawned workers
+        try:
+            futs = {ex.submit(slam_session, p, opts): i for i, p in enumerate(dirs)}
+        finally:
+            signal.signal(signal.SIGINT, old)
+        for f in as_completed(futs):
+            i = futs[f]
+            try:
+                out[i] = f.result()
+            except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
+                out[i] = SlamResult(dirs[i].name, dirs[i], "failed",
+                                    message=f"session {dirs[i].name}: internal error: {type(e).__name__}: {e}")
+            bar.update(1)
+    except BaseException:
+        workers = list((getattr(ex, "_processes", None) or {}).values())
+        ex.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            w.kill()
+        for w in workers:
+            w.join(5)
+        raise
+    ex.shutdown()

@@ -9,8 +9,10 @@ and a track *is* the correspondence across every keyframe that sees it.
 
 Corners are followed through every frame (a hand turning at 2-3 rad/s moves the
 image ~15 px per frame, which LK finds; between candidates 0.1 s apart it was ~80 px,
-where the tracks died). Each step is checked forward and backward (`fb_max_px`), and
-the next frame's brightness is matched to the last (auto-exposure). New corners
+where the tracks died). At every candidate each track is followed back to the last
+candidate frame and must land where it was (`fb_max_px`; one backward LK per 0.1 s
+instead of one per frame, and a slide that builds up over the interval counts in
+full), and each frame's brightness is matched to the last (auto-exposure). New corners
 (Shi-Tomasi) are detected away from live tracks, above an absolute strength floor
 (`min_eigen`): on a plain surface the relative quality level alone keeps the best of
 the grain, whose tracks slide while passing the forward-backward check.
@@ -118,24 +120,39 @@ def _detect(img: np.ndarray, pts: np.ndarray, n: int, opt: TrackOptions, allowed
     return c
 
 
-def _flow(prev: np.ndarray, cur: np.ndarray, pts: np.ndarray, opt: TrackOptions) -> tuple[np.ndarray, np.ndarray]:
-    """LK from prev to cur and back: (new positions, good mask)."""
+def _lk(a: np.ndarray, b: np.ndarray, pts: np.ndarray, opt: TrackOptions,
+        init: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Pyramidal LK of `pts` from image a to b (from `init` in b when given):
+    (positions in b, found and inside the frame)."""
     import cv2
 
     if len(pts) == 0:
         return pts, np.zeros(0, bool)
-    win, crit = (opt.win, opt.win), (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 20, 0.03)
+    crit = (cv2.TERM_CRITERIA_EPS | cv2.TERM_CRITERIA_COUNT, 20, 0.03)
     p0 = pts.reshape(-1, 1, 2).astype(np.float32)
-    p1, st1, _ = cv2.calcOpticalFlowPyrLK(prev, cur, p0, None, winSize=win, maxLevel=opt.levels,  # type: ignore[call-overload]
-                                          criteria=crit)
-    back, st2, _ = cv2.calcOpticalFlowPyrLK(cur, prev, p1, None, winSize=win, maxLevel=opt.levels,  # type: ignore[call-overload]
-                                            criteria=crit)
-    fb = np.linalg.norm((back - p0).reshape(-1, 2), axis=1)
-    h, w = cur.shape
+    guess = None if init is None else init.reshape(-1, 1, 2).astype(np.float32).copy()
+    flags = 0 if init is None else cv2.OPTFLOW_USE_INITIAL_FLOW
+    p1, st, _ = cv2.calcOpticalFlowPyrLK(a, b, p0, guess, winSize=(opt.win, opt.win),  # type: ignore[call-overload,arg-type]
+                                         maxLevel=opt.levels, criteria=crit, flags=flags)
+    h, w = b.shape
     p1 = p1.reshape(-1, 2)
     inside = (p1[:, 0] >= 0) & (p1[:, 1] >= 0) & (p1[:, 0] <= w - 1) & (p1[:, 1] <= h - 1)
-    good = (st1.ravel() == 1) & (st2.ravel() == 1) & (fb < opt.fb_max_px) & inside
-    return p1, good
+    return p1, (st.ravel() == 1) & inside
+
+
+def _back_check(cur: np.ndarray, live_pts: np.ndarray, live_ids: np.ndarray,
+                anchor: tuple[np.ndarray, np.ndarray, np.ndarray], opt: TrackOptions) -> np.ndarray:
+    """Forward-backward over the last candidate interval: each live track followed
+    back from `cur` to the anchor frame (starting at where it was there) must land
+    within `fb_max_px` of it. One backward LK per candidate instead of one per frame,
+    and a slide that builds up over the interval counts in full. Returns the keep mask."""
+    img, a_ids, a_pts = anchor
+    keep = np.zeros(len(live_ids), bool)
+    _c, ia, ib = np.intersect1d(live_ids, a_ids, assume_unique=True, return_indices=True)
+    if len(ia):
+        back, ok = _lk(cur, img, live_pts[ia], opt, init=a_pts[ib])
+        keep[ia] = ok & (np.linalg.norm(back - a_pts[ib], axis=1) < opt.fb_max_px)
+    return keep
 
 
 def _gain_matched(prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
@@ -197,14 +214,18 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
     pts = _detect(prev, np.zeros((0, 2)), opt.max_tracks, opt, allowed)
     live = _Live(pts, np.arange(len(pts)), len(pts), [], {}, set(), allowed)
     _keyframe(out, live, 0)
+    anchor = (prev, live.ids.copy(), live.pts.copy())  # the last candidate frame, for the backward check
     skipped = 0
     for i in range(1, n):
         cur = _gain_matched(prev, _read_gray(paths[i]))
-        p1, good = _flow(prev, cur, live.pts, opt)
+        p1, good = _lk(prev, cur, live.pts, opt)
         live.pts, live.ids = p1[good], live.ids[good]
         prev = cur
         if i not in cand:
             continue
+        good = _back_check(cur, live.pts, live.ids, anchor, opt)
+        live.pts, live.ids = live.pts[good], live.ids[good]
+        anchor = (cur, live.ids.copy(), live.pts.copy())
         ref_ids, ref_pts = live.history[-1]
         _c, ia, ib = np.intersect1d(live.ids, ref_ids, assume_unique=True, return_indices=True)
         parallax = float(np.median(np.linalg.norm(live.pts[ia] - ref_pts[ib], axis=1))) if len(ia) else np.inf
@@ -220,6 +241,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         live.ids = np.concatenate([live.ids, np.arange(live.next_id, live.next_id + len(new))])
         live.next_id += len(new)
         _keyframe(out, live, i)
+        anchor = (cur, live.ids.copy(), live.pts.copy())
         skipped = 0
     return _without(out, live.bad)
 

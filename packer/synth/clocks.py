@@ -51,11 +51,22 @@ class Clocks:
     stop_epoch: float  # stop pressed one frame period after the last frame
     end_epoch: float  # metadata's endTime
     imu_offset_epoch: float  # IMU clock = frame time + this (truth "imu_offset")
+    step: float = 0.0  # s the phone's Date() jumps (an NTP correction) at step_epoch (true time)
+    step_epoch: float = 0.0
+
+    def stamped(self, epoch: np.ndarray) -> np.ndarray:
+        """What Date() reads at true `epoch`: the true time, plus `step` from
+        `step_epoch` on (every stamp the app writes goes through Date())."""
+        epoch = np.asarray(epoch, dtype=np.float64)
+        return epoch + self.step * (epoch >= self.step_epoch) if self.step else epoch
 
 
-def plan_clocks(name: str, n_frames: int, fps: float, imu_offset: float, rng: np.random.Generator) -> Clocks:
+def plan_clocks(name: str, n_frames: int, fps: float, imu_offset: float, rng: np.random.Generator,
+                step: float = 0.0, step_at: float = 0.5) -> Clocks:
     """The session's clocks; draws from `rng` in a fixed order (start, frame-0
-    delay, IMU phase, finalize delay)."""
+    delay, IMU phase, finalize delay). `step`: the phone's wall clock jumps by this
+    many seconds at `step_at` (fraction) of the capture, as an NTP correction of
+    Date() does mid-recording; no draw depends on it."""
     capture_start = name_epoch(name) + float(rng.uniform(0.0, 0.999))  # startTime = Date()
     frame0_epoch = capture_start + float(rng.uniform(*FRAME0_DELAY))
     imu_phase = float(rng.uniform(0.0, 1.0 / IMU_RATE))
@@ -63,4 +74,8 @@ def plan_clocks(name: str, n_frames: int, fps: float, imu_offset: float, rng: np
     stop_epoch = frame0_epoch + n_frames / fps  # stop pressed one frame period after the last frame
     end_epoch = stop_epoch + finalize_delay
     imu_offset_epoch = frame0_epoch + float(imu_offset)
-    return Clocks(capture_start, frame0_epoch, imu_phase, stop_epoch, end_epoch, imu_offset_epoch)
+    step_epoch = capture_start + (stop_epoch - capture_start) * float(step_at)
+    if step:
+        end_epoch += float(step)  # metadata's endTime is a Date() too
+    return Clocks(capture_start, frame0_epoch, imu_phase, stop_epoch, end_epoch, imu_offset_epoch, float(step),
+                  step_epoch)

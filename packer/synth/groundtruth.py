@@ -120,6 +120,8 @@ def write_truth(
         "scene": world.scene.describe(),
         **poses.truth,
     }
+    if clocks.step:  # only then: every other session's truth bytes stay as they were
+        truth_obj["clock_step"] = {"seconds": clocks.step, "at_epoch": clocks.step_epoch}
     if spec.effects.any:  # appended (key order is part of the bytes): default sessions unchanged
         intr = camera.true_intrinsics(FX, FY, CX, CY, spec.effects)
         truth_obj["camera_effects"] = spec.effects.describe()

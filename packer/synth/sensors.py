@@ -48,7 +48,7 @@ def write_imu(
                 gyro[i, int(g_nan.integers(0, 3))] = np.nan
         imu = [
             {"accel": [float(x) for x in a], "gyro": [float(x) for x in w], "timestamp": float(t)}
-            for t, a, w in zip(tau, accel, gyro)
+            for t, a, w in zip(clocks.stamped(tau), accel, gyro)
         ]
         imu_count = len(imu)
         if imu:  # the app writes imu.json only when it has readings
@@ -97,7 +97,11 @@ def write_encoders(folder: Path, spec: SessionSpec, clocks: Clocks, t_frames: np
     )
     encoder_count = len(stream.esp_ms) if spec.encoders else 0
     if encoder_count:
-        (folder / "encoders.json").write_bytes(swift_json.dumps(stream.records(), float32_keys=JOINT_NAMES))
+        records = stream.records()
+        if clocks.step:  # the receive stamps are Date(); millis() is the ESP's own clock
+            for r, t in zip(records, clocks.stamped(stream.receive_epoch)):
+                r["timestamp"] = float(t)
+        (folder / "encoders.json").write_bytes(swift_json.dumps(records, float32_keys=JOINT_NAMES))
     joints = gripper.angles(t_frames)
     joints -= 360.0 * np.floor((joints[0] + 180.0) / 360.0)[None]  # first value in [-180, 180)
     return EncoderOutput(gripper, wrap_idx, stream, encoder_count, joints)

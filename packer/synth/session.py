@@ -54,7 +54,7 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL,
     ios_version: str = IOS_VERSION,
-    effects: CameraEffects | None = None,
+    clock_step: float = 0.0, clock_step_at: float = 0.5, effects: CameraEffects | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -92,10 +92,10 @@ def synth_session(
     (the legacy ARKit app: metric poses in poses.json, no IMU, no calib.txt).
     legacy_metadata: arkit only: metadata as the first app version wrote it (no
     captureSource key).
-    calib: False = the camera delivered no intrinsic matrix (no calib.txt, no
-    cameraIntrinsics).
+    calib: False = the camera delivered no intrinsic matrix (no calib.txt, no cameraIntrinsics).
     lidar: arkit only: the phone has LiDAR, each pose carries the centre depth
     (metres, Float32); False omits the key (nil optional).
+    clock_step: Date() jumps this many seconds at `clock_step_at` of the capture (NTP; truth "clock_step").
     export: "folder" or "zip" (the app's auto-zip: `name.zip` with the folder as its
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
     effects: what a real phone camera does to the frames (`packer.synth.camera`:
@@ -109,7 +109,7 @@ def synth_session(
         jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
-        effects=effects or CameraEffects(),
+        clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(),
     )
     return write_session(out_dir, spec)
 
@@ -124,7 +124,8 @@ def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
     (tmp / "rgb").mkdir(parents=True)
 
     rng = Rngs.from_seed(spec.seed)
-    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock)
+    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock, spec.clock_step,
+                         spec.clock_step_at)
     world = build_world(spec, rng.scene, rng.traj)
     joints = None
     if spec.effects.glove:  # the fingers in view follow the joints the glove records (same draws)

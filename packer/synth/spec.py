@@ -49,6 +49,8 @@ class SessionSpec:
     export: str
     device_model: str
     ios_version: str
+    clock_step: float = 0.0
+    clock_step_at: float = 0.5
     effects: CameraEffects = CameraEffects()  # what the phone camera does to the frames (none: ideal)
     dropped: list[int] = field(init=False)  # sorted unique `drop_frames`
     present: list[int] = field(init=False)  # frame indices that get a JPEG
@@ -78,6 +80,8 @@ class SessionSpec:
             raise ValueError("drop_frames drops every frame")
         if isinstance(self.wrap_joint, str) and self.wrap_joint not in JOINT_NAMES:
             raise ValueError(f"wrap_joint must be a bool or one of {JOINT_NAMES}, got {self.wrap_joint!r}")
+        if not 0.0 < self.clock_step_at < 1.0:
+            raise ValueError("clock_step_at must be in (0, 1): a fraction of the capture")
         self.fps = float(self.fps)
 
     @property

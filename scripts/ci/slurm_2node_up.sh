@@ -5,6 +5,10 @@
 # only inside this machine. Two partitions, so `train where` and `train submit --partitions`
 # have something to choose between:
 #   debug  node1,node2  (default; multi-node jobs)        short  node2 only
+# Each node also has 2 GRES "gpu"s backed by /dev/null and /dev/zero (slurm 22.05 drops a
+# count-only gpu line without File=; task/none never touches the devices), so a rendered
+# `--gres=gpu:N` is accepted and scheduled as on a GPU cluster while the job runs on CPU (a CPU
+# torch sees no CUDA; SLURM only sets CUDA_VISIBLE_DEVICES). For tests/test_lightning_2node.py.
 # For tests/test_schedulers.py and tests/test_slurm_2node.py (marker `slurm`); the one-node
 # tests run on it too. Adapted from ../shared/reference/slurm_2node_up.sh (verified there).
 #
@@ -59,7 +63,7 @@ for n in 1 2; do
   grep -q " node$n\$" /etc/hosts || echo "$NET.$n.2 node$n" >> /etc/hosts
 done
 MEM_MB=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
-NODECFG="CPUs=$(nproc) RealMemory=$MEM_MB"
+NODECFG="CPUs=$(nproc) RealMemory=$MEM_MB Gres=gpu:2"
 STATE=/var/lib/slurm/slurmctld-2node
 mkdir -p /etc/slurm $STATE /var/log/slurm
 chown -R slurm /var/lib/slurm /var/log/slurm
@@ -68,8 +72,10 @@ chown -R slurm /var/lib/slurm /var/log/slurm
 # KillWait=5: SIGKILL 5 s after SIGTERM (default 30). MinJobAge=3600: finished jobs stay
 # visible to `scontrol show job` for an hour. SlurmdTimeout=20: a node whose slurmd is gone is
 # DOWN after ~20 s (default 300), and its job is requeued (--requeue) instead of waiting.
+echo "Name=gpu File=/dev/null,/dev/zero" > /etc/slurm/gres.conf
 cat > /etc/slurm/slurm.conf <<CFG
 ClusterName=ci2
+GresTypes=gpu
 SlurmctldHost=$H($NET.1.1)
 AuthType=auth/munge
 SlurmUser=slurm
@@ -108,7 +114,7 @@ running /run/slurmctld.pid || /usr/sbin/slurmctld || { tail -5 /var/log/slurm/sl
 for n in 1 2; do bash "$HERE/slurm_node.sh" start "$n"; done
 for i in $(seq 60); do [ "$(sinfo -h -o %T 2>/dev/null | sort -u)" = idle ] && break; sleep 1; done
 sinfo
-[ "$(sinfo -h -o %T | sort -u)" = idle ] || { echo "slurm nodes not idle"; tail -20 /var/log/slurm/*.log; exit 1; }
+[ "$(sinfo -h -o %T | sort -u)" = idle ] || { echo "slurm nodes not idle"; tail -n 20 /var/log/slurm/*.log; exit 1; }
 echo "slurm (2 nodes) up after $(( $(date +%s)-T0 ))s"
 
 # ---- the non-root job user (tests submit as this user, as on a real cluster) ----

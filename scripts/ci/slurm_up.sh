@@ -74,7 +74,7 @@ for i in $(seq 60); do
   [ "$(sinfo -h -o %T 2>/dev/null)" = idle ] && break
   sleep 1
 done
-[ "$(sinfo -h -o %T)" = idle ] || { echo "slurm node not idle"; tail -30 /var/log/slurm/slurm*.log; exit 1; }
+[ "$(sinfo -h -o %T)" = idle ] || { echo "slurm node not idle"; tail -n 30 /var/log/slurm/slurm*.log; exit 1; }
 echo "slurm up after $(( $(date +%s)-T0 ))s"
 
 # ---- the non-root job user (tests submit as this user, as on a real cluster) ----

@@ -168,3 +168,16 @@ class ShardWriter:
             tmp.unlink(missing_ok=True)
         self._tmp_paths.clear()
         self._file = self._cur = None
+
+
+def read_member(fd: int, offset: int, size: int, where: str) -> bytes:
+    """The `size` bytes of one member's data at `offset` (index.json's columns) of
+    an open shard: one pread, no tar parsing. A short read means the shard is not
+    what index.json says; the error names it (`where`) and the fix."""
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        from shardship.errors import ShardshipError
+
+        raise ShardshipError(f"{where}: member at byte {offset} is truncated ({len(data)} of {size} bytes): "
+                             "run `packer verify`, then `packer pack`")
+    return data

@@ -54,6 +54,9 @@ class ShardIndex:
     image_size: tuple[int, int]  # (width, height)
     stats: dict[str, Any] = field(default_factory=dict)
     pose_metric: bool = True
+    # session -> what the phone recorded (index.json "content_key", packer.duplicates):
+    # two names with one key are one recording, which split_sessions never splits
+    session_content: dict[str, str] = field(default_factory=dict)
 
     @property
     def n_samples(self) -> int:
@@ -120,6 +123,7 @@ class ShardIndex:
             image_size=self.image_size,
             stats=self.stats,
             pose_metric=self.pose_metric,
+            session_content=self.session_content,
         )
 
     def sessions_present(self) -> list[str]:
@@ -209,6 +213,8 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         image_size=image_size,
         stats=dict(doc.get("stats", {})),
         pose_metric=metric,
+        session_content={n: str(e["content_key"]) for n, e in sessions.items()
+                         if isinstance(e, dict) and e.get("content_key")},
     )
 
 
@@ -236,24 +242,3 @@ def _session_runs(shards: Sequence[fmt.Shard]) -> dict[str, tuple[np.ndarray, np
     return out
 
 
-def split_sessions(names: Sequence[str], val_fraction: float, seed: int,
-                   val_sessions: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
-    """(train, val) session names. Explicit `val_sessions` win; otherwise a stable
-    hash of (seed, name) picks ceil(fraction * n) sessions, so adding a session
-    later does not reshuffle which old ones are held out. One session: no val."""
-    names = sorted(names)
-    if val_sessions:
-        unknown = [v for v in val_sessions if v not in names]
-        if unknown:
-            raise ShardshipError(f"val_sessions: {', '.join(unknown)} not in the index (have: {', '.join(names)})")
-        val = sorted(val_sessions)
-    elif val_fraction <= 0 or len(names) < 2:
-        val = []
-    else:
-        n_val = min(len(names) - 1, max(1, int(np.ceil(val_fraction * len(names)))))
-        ranked = sorted(names, key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())
-        val = sorted(ranked[:n_val])
-    train = [n for n in names if n not in val]
-    if not train:
-        raise ShardshipError("every session is held out for validation: lower val_fraction or val_sessions")
-    return train, val

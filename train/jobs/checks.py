@@ -52,8 +52,11 @@ def memory_needed(ranks_per_node: int, num_workers: int, worker_rss: int, per_ra
     return ranks_per_node * (per_rank_rss + num_workers * worker_rss)
 
 
+WORKERS_SETTING = "[train] num_workers = {n}"  # how the fix names the setting; a --command's override differs
+
+
 def check_memory(spec: JobSpec, worker_rss: int, worker_rss_source: str, node_mem: int | None = None,
-                 node_mem_source: str = "") -> list[Finding]:
+                 node_mem_source: str = "", workers_setting: str = WORKERS_SETTING) -> list[Finding]:
     """Workers x ranks x per-worker RSS vs the memory asked for (and the biggest node)."""
     out: list[Finding] = []
     per_rank = rank_rss(spec)
@@ -67,8 +70,8 @@ def check_memory(spec: JobSpec, worker_rss: int, worker_rss_source: str, node_me
     usable = int(limit * (1 - MEMORY_MARGIN))
     if need > usable:
         fit = math.floor((usable / spec.ranks_per_node - per_rank) / worker_rss) if worker_rss else 0
-        fix = (f"set [train] num_workers = {fit}" if fit >= 1 else
-               "use fewer processes per node or a node with more memory")
+        fix = (f"set {workers_setting.format(n=max(fit, 0))}" if fit >= 1 or (fit == 0 and spec.num_workers > 0)
+               else "use fewer processes per node or a node with more memory")
         out.append(Finding(
             "error", "memory",
             f"{spec.ranks_per_node} ranks x ({human(per_rank)} + {spec.num_workers} workers x {human(worker_rss)} "
@@ -77,7 +80,7 @@ def check_memory(spec: JobSpec, worker_rss: int, worker_rss_source: str, node_me
     return out
 
 
-def check_cpus(spec: JobSpec) -> list[Finding]:
+def check_cpus(spec: JobSpec, workers_setting: str = WORKERS_SETTING) -> list[Finding]:
     """Data workers per rank vs the cores each rank gets."""
     out: list[Finding] = []
     if spec.cpus_per_node < spec.ranks_per_node:
@@ -89,8 +92,9 @@ def check_cpus(spec: JobSpec) -> list[Finding]:
         out.append(Finding(
             "error", "cpus",
             f"num_workers = {spec.num_workers} per rank but each rank gets {per_rank} cores ({spec.cpus_per_node} "
-            f"cores / {spec.ranks_per_node} ranks): workers would fight for cores; set [train] num_workers = "
-            f"{max(per_rank - 1, 1)} or cpus = {spec.ranks_per_node * (spec.num_workers + 1)}"))
+            f"cores / {spec.ranks_per_node} ranks): workers would fight for cores; set "
+            f"{workers_setting.format(n=max(per_rank - 1, 1))} or "
+            f"cpus = {spec.ranks_per_node * (spec.num_workers + 1)}"))
     elif spec.num_workers == per_rank and per_rank > 1:
         out.append(Finding("warning", "cpus",
                            f"num_workers = {spec.num_workers} uses every core of a rank; the "

@@ -1,5 +1,7 @@
-"""`train fetch`: the best checkpoint (else last), metrics, plots and the newest job
-log, via `transfer pull` (resumed, sha256-verified)."""
+"""`train fetch`: the best checkpoint (else last), metrics, plots, the eval page and
+the newest job log, via `transfer pull` (resumed, sha256-verified). Someone else's run
+(`--command`) is fetched by the names Lightning writes: last.ckpt and the CSVLogger's
+metrics.csv."""
 from __future__ import annotations
 
 import posixpath
@@ -26,8 +28,11 @@ def fetch_results(cfg: Config, cluster: ClusterConfig, *, remote: Any = None, na
         entries = r.listdir(out_dir)
         if not entries:
             raise ShardshipError(f"{r.label}: nothing in {out_dir} yet: has the job run? (`train status`)")
-        wanted = ["best.pt" if "best.pt" in entries else "last.pt", "metrics.jsonl"]
-        wanted += sorted(n for n in entries if n.endswith(".png"))
+        # shardship's trainer: best.pt / last.pt + metrics.jsonl; a --command Lightning run: last.ckpt + metrics.csv
+        wanted = [next((n for n in ("best.pt", "last.pt", "last.ckpt") if n in entries), "last.pt"),
+                  "metrics.jsonl", "metrics.csv"]
+        # plots, and `train eval`'s page (eval.html, self-contained) with its numbers
+        wanted += sorted(n for n in entries if n.endswith((".png", ".html")) or n == "eval.json")
         paths = [posixpath.join(out_dir, n) for n in wanted if n in entries]
         if rec and r.exists(rec.log):
             paths.append(rec.log)

@@ -40,6 +40,8 @@ def parse_command(text: str) -> tuple[str, ...]:
     if not words:
         raise ShardshipError("--command is empty: give it as for one process, e.g. --command \"python train.py\"")
     first = Path(words[0]).name
+    if first in ("bash", "sh") or first.endswith(".sh"):
+        raise ShardshipError(_wrapper_message(text, words))
     if first in ("torchrun", "srun", "mpirun", "accelerate") or words[:3] == ["python", "-m", "torch.distributed.run"]:
         raise ShardshipError(f"--command {text!r}: give the command for ONE process (python train.py ...); the job "
                              f"adds {first} itself for the nodes and ranks of the cluster config")
@@ -50,6 +52,41 @@ def parse_command(text: str) -> tuple[str, ...]:
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ShardshipError(f"--command {text!r}: name the script or module to run")
     return rest
+
+
+def _wrapper_message(text: str, words: list[str]) -> str:
+    """A shell wrapper (NAVSIM's run_training.sh style) runs python itself: inside a job that is
+    one process without srun, so of N ranks only rank 0 starts and waits for the rest forever
+    ("MEMBER: 1/N"). Point at the python line to give instead, when the wrapper is readable here."""
+    path = Path(words[1] if Path(words[0]).name in ("bash", "sh") and len(words) > 1 else words[0])
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    hit = next(((n, ln.strip()) for n, ln in enumerate(lines, 1) if re.match(r"\s*(exec\s+)?python\S*\s", ln)), None)
+    if hit is None:
+        return (f"--command {text!r}: start it with python (python train.py ... or python -m module ...); the "
+                "interpreter is the cluster's `python` from the config")
+    n, line = hit
+    return (f"--command {text!r}: {path} starts python itself (line {n}: {line[:80]!r}), which in the job runs once "
+            "without srun: only rank 0 would join and the others never start; give that python line as --command "
+            "and the job adds srun / torchrun for every rank")
+
+
+def overrides(command: tuple[str, ...]) -> dict[str, str]:
+    """Hydra-style `group.key=value` words of the command (a `+` prefix adds a key), by full key."""
+    out = {}
+    for w in command[1:]:
+        key, sep, value = w.partition("=")
+        if sep and not key.startswith("-") and re.fullmatch(r"\+?[A-Za-z_][\w.]*", key):
+            out[key.lstrip("+")] = value
+    return out
+
+
+def override_int(command: tuple[str, ...], leaf: str) -> tuple[str, int] | None:
+    """(key, value) of the last `...<leaf>=N` override (trainer.devices=1, dataloader.params.num_workers=8)."""
+    hit = None
+    for key, value in overrides(command).items():
+        if (key == leaf or key.endswith("." + leaf)) and value.strip().isdigit():
+            hit = (key, int(value))
+    return hit
 
 
 def script_file(command: tuple[str, ...], local_dir: Path = Path(".")) -> Path | None:
@@ -76,22 +113,38 @@ def _literal(script_text: str, key: str) -> int | None:
 def check_command(spec: JobSpec, script_text: str | None) -> list[Finding]:
     """What the script says against how the job launches it."""
     out: list[Finding] = []
+    if script_text is None and spec.launcher == "lightning":
+        out += _lightning_counts(spec, "")
     if script_text is None:
         out.append(Finding("warning", "command", f"{spec.command[0]!r} is not readable here: its ranks / devices "
                                                  "are not checked against the job (run from the script's folder)"))
         return out
     if spec.launcher == "lightning":
-        for key, want in (("devices", spec.ranks_per_node), ("num_nodes", spec.nodes)):
-            got = _literal(script_text, key)
-            if got is not None and got != want:
-                out.append(Finding("error", "command", f"the script sets Trainer({key}={got}) but the job runs "
-                                                       f"{spec.nodes} node(s) x {spec.ranks_per_node} rank(s): "
-                                                       f"Lightning would wait for ranks that never start; set "
-                                                       f"{key}={want} (or change the cluster config)"))
-        if _literal(script_text, "devices") is None and spec.ranks > 1:
-            out.append(Finding("warning", "command", f"no literal Trainer(devices=...) found: it must be "
-                                                     f"{spec.ranks_per_node}, with num_nodes={spec.nodes}"))
+        out += _lightning_counts(spec, script_text)
     elif spec.ranks > 1 and not re.search(r"init_process_group|LOCAL_RANK|lightning|accelerate", script_text):
         out.append(Finding("warning", "command", f"the script never calls init_process_group nor reads LOCAL_RANK: "
                                                  f"torchrun would start {spec.ranks} copies that each train alone"))
+    return out
+
+
+def _lightning_counts(spec: JobSpec, script_text: str) -> list[Finding]:
+    """Trainer(devices=, num_nodes=) against the job: a command-line override wins over the
+    script's literal. devices=1 on 2 tasks per node: Lightning 2.x stops at start ("does not
+    match"), older ones hung at "MEMBER: 1/N"; with num_nodes=1 too, every task trains alone."""
+    out: list[Finding] = []
+    for leaf, want in (("devices", spec.ranks_per_node), ("num_nodes", spec.nodes)):
+        hit = override_int(spec.command, leaf)
+        lit = _literal(script_text, leaf)
+        where, got, fix = ((f"the command sets {hit[0]}={hit[1]}", hit[1], f"{hit[0]}={want}") if hit else
+                           (f"the script sets Trainer({leaf}={lit})", lit, f"{leaf}={want}"))
+        if got is not None and got != want:
+            out.append(Finding("error", "command", f"{where} but the job runs {spec.nodes} node(s) x "
+                                                   f"{spec.ranks_per_node} rank(s), one srun task per rank: "
+                                                   f"Lightning would refuse to start or the ranks would not "
+                                                   f"meet; set {fix} (or change the cluster config)"))
+    reads_env = "SLURM_NTASKS_PER_NODE" in script_text
+    if spec.ranks > 1 and not reads_env and override_int(spec.command, "devices") is None \
+            and _literal(script_text, "devices") is None:
+        out.append(Finding("warning", "command", f"no Trainer(devices=...) found in the script or the command: "
+                                                 f"it must be {spec.ranks_per_node}, with num_nodes={spec.nodes}"))
     return out

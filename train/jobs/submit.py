@@ -172,12 +172,18 @@ def foreign_checks(spec: JobSpec, script_text: str | None) -> tuple[list[checks.
     """The checks that hold for any training: workers x ranks x RSS vs one node's memory (the
     default per-worker RSS: another loader is not measured), cores per rank, the launch contract."""
     rss = checks.DEFAULT_WORKER_RSS
-    findings = checks.check_memory(spec, rss, "default: your script's DataLoader is not measured")
-    findings += checks.check_cpus(spec)
+    hit = foreign.override_int(spec.command, "num_workers")  # the command's own data.num_workers=N wins
+    setting, workers = ("[train] num_workers = {n} (--set num_workers={n})", "[train] num_workers")
+    if hit is not None:
+        spec = dataclasses.replace(spec, num_workers=hit[1])
+        setting, workers = (hit[0] + "={n} on the command", hit[0])
+    findings = checks.check_memory(spec, rss, "default: your script's DataLoader is not measured",
+                                   workers_setting=setting)
+    findings += checks.check_cpus(spec, workers_setting=setting)
     findings += foreign.check_command(spec, script_text)
     notes = [f"command: {' '.join(spec.command)} launched by {spec.launcher} on {spec.nodes} node(s) x "
-             f"{spec.ranks_per_node} rank(s); [train] num_workers = {spec.num_workers} taken as its DataLoader "
-             "workers per rank (--set num_workers=N)",
+             f"{spec.ranks_per_node} rank(s); {workers} = {spec.num_workers} taken as its DataLoader "
+             "workers per rank",
              "data, checkpoint interval and quota: not checked (the script's own)"]
     return findings, notes
 

@@ -6,7 +6,6 @@ session, the file and the reason, so one bad session never stops the others."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -15,15 +14,11 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import orjson
-except ImportError:  # optional: json parses the same
-    orjson = None  # type: ignore[assignment]
-
 from packer.clockstep import ClockStepError
 from packer.clockstep import repair as repair_clock_steps
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
+from packer.jsonfile import read_json
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
 from shardship.errors import SessionError, ShardshipError
 
@@ -114,42 +109,6 @@ def no_sessions(root: str | os.PathLike) -> ShardshipError:
     """What `packer check` and `packer pack` say when `root` holds no session."""
     return ShardshipError(f"no sessions under {root}: copy the app's session_*.zip exports (or session_* folders) "
                           "there, or run `packer synth`")
-
-
-def read_json(session_name: str, path: Path) -> Any:
-    """A session's JSON file. orjson (where installed) parses imu.json/poses.json 3-8x faster;
-    a file it refuses goes through json, which loads NaN literals and words the error (a
-    truncated export says so: only a new export fixes it)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        if orjson is not None:
-            try:
-                return orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                pass
-        return json.loads(raw, parse_constant=_reject_constant)
-    except FileNotFoundError:
-        raise SessionError(session_name, path.name, "missing") from None
-    except json.JSONDecodeError as e:
-        if _ends_early(e):
-            raise SessionError(session_name, path.name, f"truncated after {len(raw):,} bytes (the app was stopped "
-                               "while writing?): re-export the session from the phone") from None
-        raise SessionError(session_name, path.name, f"not valid JSON ({e})") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise SessionError(session_name, path.name, f"not valid JSON ({e})") from None
-
-
-def _ends_early(e: json.JSONDecodeError) -> bool:
-    """Did the text stop (a truncated file: the parser ran out, or no closing bracket and a failure
-    near the end or in an unclosed string; a cut can land mid-number), rather than go wrong?"""
-    text = e.doc.rstrip()
-    return not e.msg.startswith("Extra data") and (e.pos >= len(text) or (not text.endswith(("}", "]")) and (
-        len(text) - e.pos <= 64 or e.msg.startswith("Unterminated string"))))
-
-
-def _reject_constant(name: str) -> float:
-    return float("nan")  # NaN/Infinity literals load as NaN; callers check finiteness
 
 
 def list_frames(path: Path, name: str) -> tuple[np.ndarray, list[Path]]:

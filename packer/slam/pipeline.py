@@ -49,8 +49,7 @@ class SlamResult:
     plot: Path | None = None
 
     @property
-    def reason(self) -> str:
-        """The message without its "session NAME: " head, for a line that names the session already."""
+    def reason(self) -> str:  # the message without its "session NAME: " head, for a line that names it
         return self.message.removeprefix(f"session {self.session}: ")
 
     @property

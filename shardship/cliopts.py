@@ -83,9 +83,10 @@ class Group(click.Group):
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
-        except click.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
+        except click.Abort as e:  # ctrl-C (or end of input) outside a command's own handler
+            ctrl_c = isinstance(e.__cause__, KeyboardInterrupt)
+            click.echo("interrupted" if ctrl_c else "aborted", err=True)
+            sys.exit(130 if ctrl_c else 1)
         sys.exit(rv if type(rv) is int else 0)  # click.exceptions.Exit (--help, --version) returns its code
 
 

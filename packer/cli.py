@@ -288,7 +288,8 @@ def _slam_stage(cfg: Config, quiet: bool):
         for o, todo in groups.values():
             for r in slam_sessions(todo, o, isolate=True):
                 if r.status == "failed":
-                    failed[r.session] = f"slam: {r.reason} (fix it, or pack without poses: --no-slam)"
+                    why = r.message.removeprefix(f"session {r.session}: ")  # the FAIL line names it already
+                    failed[r.session] = f"slam: {why} (fix it, or pack without poses: --no-slam)"
         return failed
 
     return prepare, ready

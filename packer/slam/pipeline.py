@@ -49,10 +49,6 @@ class SlamResult:
     plot: Path | None = None
 
     @property
-    def reason(self) -> str:  # the message without its "session NAME: " head, for a line that names it
-        return self.message.removeprefix(f"session {self.session}: ")
-
-    @property
     def failed(self) -> bool:
         return self.status == "failed"
 

@@ -12,11 +12,11 @@ with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
     import click
 
     from packer.effects import EFFECTS, PROFILES
-    from shardship.cliopts import config_option, friendly_errors, host_key_option
+    from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
     from shardship.config import Config, PackOptions, load_config
-    from shardship.errors import Exit, SessionError
+    from shardship.errors import Exit, SessionError, ShardshipError
     from shardship.pil import describe
-    from shardship.units import human
+    from shardship.units import human, plural
 
 CONFIG_OPT = config_option()
 
@@ -25,8 +25,7 @@ def _cfg(config_path: str | None) -> Config:
     return load_config(config_path)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="shardship")
+@tool_group
 def main() -> None:
     """shardship packer: phone sessions -> metric poses -> 224x224 tar shards.
 
@@ -81,15 +80,16 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
             bad += 1
             click.echo(f"FAIL  {e}")
     total = len(paths) + len(bad_zips)
-    click.echo(f"{total - bad} of {total} sessions ok")
+    click.echo(f"{total - bad} of {total} {plural('session', total)} ok")
     sys.exit(Exit.PARTIAL if bad else Exit.OK)
 
 
 @main.command()
-@click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True)
-@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default="data/raw", show_default=True,
+              help="Where the sessions go (the raw directory `packer check` / `pack` read).")
+@click.option("--sessions", type=click.IntRange(1), default=3, show_default=True, help="How many sessions.")
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same bytes.")
 @click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static", "fast"]), default="hand",
               show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
               "scale is unobservable (SLAM must refuse); static: identical frames; fast: real hand speeds "
@@ -113,10 +113,12 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
               help="The phone's wall clock jumps by this much mid-recording (an NTP correction: imu.json, "
                    "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
+@click.option("--quiet", is_flag=True,
+              help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
           profile: str | None, export: str, fps: str, glove: bool, capture: str, clock_step: float,
-          workers: int) -> None:
+          workers: int, quiet: bool) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
     A textured 3-D room along a hand-like path: 480x360 JPEGs, IMU (200 Hz, epoch
@@ -131,8 +133,9 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
         motion, fx = PROFILES[profile]
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
-                          clock_step=clock_step)
-    click.echo(f"wrote {len(paths)} session(s) to {out}" + (" as zip exports" if export == "zip" else ""))
+                          clock_step=clock_step, progress=not quiet)
+    click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
+               + (" as zip exports" if export == "zip" else ""))
 
 
 def _pack_options(cfg: Config, **flags) -> PackOptions:
@@ -173,7 +176,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
                          compress=compress,
-                         shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb else None)
+                         shard_bytes=int(shard_mb * 1024 * 1024) if shard_mb is not None else None)
+    opts.validate("--shard-mb" if shard_mb is not None else f"{cfg.path or 'shardship.toml'} [pack]")
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
     # the workers start on a first pack's frames before numpy and the sessions are loaded
@@ -191,13 +195,17 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
             click.echo(f"warn  session {name}: {w}", err=True)
     for name, why in sorted(r.failed.items()):
         click.echo(f"FAIL  session {name}: {why}", err=True)
+    for name in sorted(r.removed):  # a session moved out of raw/: its shards go, say so
+        click.echo(f"removed session {name} from index.json: it is no longer in {raw_dir} (put it back and "
+                   "re-run to keep it)", err=True)
     n_ok = len(r.packed) + len(r.reused)
     if not n_ok and not r.failed:
         from packer.session import no_sessions
 
         raise no_sessions(raw_dir)
     rate = f", encoding {r.images / r.encode_seconds:.0f} img/s" if r.images and r.encode_seconds else ""
-    click.echo(f"packed {len(r.packed)} session(s), kept {len(r.reused)} unchanged, {len(r.failed)} failed"
+    click.echo(f"packed {len(r.packed)} {plural('session', len(r.packed))}, kept {len(r.reused)} unchanged, "
+               f"{f'removed {len(r.removed)}, ' if r.removed else ''}{len(r.failed)} failed"
                f" ({r.images} images in {r.seconds:.1f}s{rate})")
     if n_ok:
         click.echo(f"raw {human(r.raw_bytes)} -> packed {human(r.packed_bytes)}: saved {100 * r.saving:.0f}%"
@@ -247,27 +255,41 @@ def _slam_stage(cfg: Config, quiet: bool):
     whose inputs did not change costs a stat per frame, asked of the sessions pack
     has loaded already). ARKit sessions are skipped. Returns (prepare, ready) for
     packer.pack.pack: ready(session) is True when its result is cached, so pack may
-    encode its frames before prepare runs."""
+    encode its frames before prepare runs. Without a [scale] method in the config, a
+    session keeps the scale method its last `packer slam` used (--scale none stays none)."""
+    import dataclasses
+
     from packer.slam import SlamOptions, slam_sessions
     from packer.slam.pipeline import cached_by_stat
+    from packer.slam.store import scale_choice
 
     opts = SlamOptions.from_config(cfg.slam, cfg.scale)
     opts.progress = not quiet
     opts.validate()
     cached: set[str] = set()
 
+    def opts_for(session) -> SlamOptions:
+        choice = None if "method" in cfg.scale else scale_choice(session)
+        return dataclasses.replace(opts, **choice) if choice else opts
+
     def ready(session) -> bool:
-        if cached_by_stat(session, opts) is None:
+        if cached_by_stat(session, opts_for(session)) is None:
             return False
         cached.add(session.name)
         return True
 
     def prepare(sessions) -> dict[str, str]:
         failed = {}
-        todo = [s.path for s in sessions if s.name not in cached and not ready(s)]
-        for r in slam_sessions(todo, opts, isolate=True) if todo else []:
-            if r.status == "failed":
-                failed[r.session] = f"slam: {r.message} (fix it, or pack without poses: --no-slam)"
+        groups: dict[str, tuple[SlamOptions, list]] = {}
+        for s in sessions:
+            if s.name not in cached and not ready(s):
+                o = opts_for(s)
+                groups.setdefault(repr(o), (o, []))[1].append(s.path)
+        for o, todo in groups.values():
+            for r in slam_sessions(todo, o, isolate=True):
+                if r.status == "failed":
+                    why = r.message.removeprefix(f"session {r.session}: ")  # the FAIL line names it already
+                    failed[r.session] = f"slam: {why} (fix it, or pack without poses: --no-slam)"
         return failed
 
     return prepare, ready
@@ -276,17 +298,27 @@ def _slam_stage(cfg: Config, quiet: bool):
 @main.command()
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Packed directory [data/packed].")
 @click.option("--quota", default=None, help="Quota to check against, e.g. 10G [cluster quota or 10G].")
-@click.option("--remote", "remote", default=None, metavar="NAME",
-              help="Read the live quota from [cluster.NAME] (or local:PATH).")
+@cluster_option
+@click.option("--remote", "remote", default=None, metavar="NAME", hidden=True,
+              help="Deprecated name of --cluster.")
 @click.option("--keep", type=click.IntRange(0), default=None, help="Periodic checkpoints kept [train.keep or 2].")
 @click.option("--env", "env_size", default=None, help="Python env size on the cluster, 0 if a module [4G].")
 @host_key_option
 @CONFIG_OPT
 @friendly_errors
-def budget(out, quota, remote, keep, env_size, accept_new_host_key, config_path) -> None:
-    """Will data + checkpoints + env fit the cluster quota? Exit 3 when over."""
+def budget(out, quota, cluster, remote, keep, env_size, accept_new_host_key, config_path) -> None:
+    """Will data + checkpoints + env fit the cluster quota? Exit 3 when over.
+
+    With --cluster, the quota is read live from the cluster; without, from
+    [cluster] quota in shardship.toml (or --quota)."""
     from train.budget import plan_budget, render
 
+    if remote is not None:
+        if cluster is not None and cluster != remote:
+            raise ShardshipError(f"--remote is the old name of --cluster: give one (--cluster {cluster})")
+        click.echo("warning: --remote is deprecated: use --cluster NAME", err=True)
+        cluster = remote
+    remote = cluster
     cfg = _cfg(config_path)
     b, source = plan_budget(cfg, Path(out) if out else cfg.packed, quota=quota, remote=remote, keep=keep,
                             env_size=env_size, accept_new_host_key=accept_new_host_key)

@@ -5,7 +5,6 @@ Its own module, importing nothing but the standard library, because the CLI asks
 and the rest of the packer are imported."""
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from shardship.errors import Exit, ShardshipError
+from shardship.flock import LockHeld, acquire, release
 
 LOCK = ".packer.lock"
 
@@ -37,23 +37,20 @@ def held_by_another(out: Path) -> bool:
 @contextmanager
 def locked(out: Path) -> Iterator[int]:
     """Hold the out dir for this process; yields the lock's fd (pool workers close
-    their inherited copy). Raises ShardshipError (exit 2) when another pack holds it."""
+    their inherited copy). Raises ShardshipError (exit 2) when another pack holds it.
+    The lock file is removed when the pack ends, failed or not (shardship.flock)."""
     try:
-        fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = acquire(out / LOCK)
+    except LockHeld as e:
+        pid = e.content[:32].decode(errors="replace").strip() or "?"
+        raise ShardshipError(f"another `packer pack` (pid {pid}) is using {out}; wait for it or stop it",
+                             Exit.USAGE) from None
     except OSError as e:
         raise ShardshipError(f"{out / LOCK}: cannot create the lock file ({e.strerror}): "
                              "check the permissions of the out dir") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise ShardshipError(f"another `packer pack` (pid {pid}) is using {out}; wait for it or stop it",
-                                 Exit.USAGE) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield fd
     finally:
-        os.close(fd)  # releases the flock
+        release(fd, out / LOCK)

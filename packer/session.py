@@ -6,7 +6,6 @@ session, the file and the reason, so one bad session never stops the others."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -15,15 +14,11 @@ from typing import Any
 
 import numpy as np
 
-try:
-    import orjson
-except ImportError:  # optional: json parses the same
-    orjson = None  # type: ignore[assignment]
-
 from packer.clockstep import ClockStepError
 from packer.clockstep import repair as repair_clock_steps
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
+from packer.jsonfile import read_json
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
 from shardship.errors import SessionError, ShardshipError
 
@@ -95,12 +90,18 @@ def _is_within(p: Path, root: Path) -> bool:
         return False
 
 
+SESSION_MARKERS = ("metadata.json", "rgb", "imu.json", "encoders.json", "calib.txt")  # what the app writes
+
+
 def discover(raw: str | os.PathLike) -> list[Path]:
     """Session directories under `raw`: every non-hidden subdirectory, sorted.
     A directory without rgb/ is still returned so `check` can say what is wrong."""
     root = Path(raw)
     if not root.is_dir():
         raise ShardshipError(f"raw directory {root} not found: pass --raw DIR or run `packer synth --out {root}`")
+    if any((root / m).exists() for m in SESSION_MARKERS):  # its rgb/ would be taken for a session
+        raise ShardshipError(f"{root} is a session folder, not the raw directory: give its parent "
+                             f"(--raw {root.parent})")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
@@ -108,29 +109,6 @@ def no_sessions(root: str | os.PathLike) -> ShardshipError:
     """What `packer check` and `packer pack` say when `root` holds no session."""
     return ShardshipError(f"no sessions under {root}: copy the app's session_*.zip exports (or session_* folders) "
                           "there, or run `packer synth`")
-
-
-def read_json(session_name: str, path: Path) -> Any:
-    """A session's JSON file. orjson (where installed) parses imu.json/poses.json
-    3-8x faster here; a file it refuses (NaN literals, broken JSON) goes through
-    json, which loads NaN and words the error."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        if orjson is not None:
-            try:
-                return orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                pass
-        return json.loads(raw, parse_constant=_reject_constant)
-    except FileNotFoundError:
-        raise SessionError(session_name, path.name, "missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-        raise SessionError(session_name, path.name, f"not valid JSON ({e})") from None
-
-
-def _reject_constant(name: str) -> float:
-    return float("nan")  # NaN/Infinity literals load as NaN; callers check finiteness
 
 
 def list_frames(path: Path, name: str) -> tuple[np.ndarray, list[Path]]:

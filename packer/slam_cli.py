@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from shardship.errors import Exit, ShardshipError
+from shardship.units import plural
 
 
 @click.command("slam")
@@ -74,7 +75,7 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
 
     _done, bad_zips = extract_all(Path(root))
     for z, why in sorted(bad_zips.items()):
-        click.echo(f"FAILED {z}: {why}", err=True)
+        click.echo(f"FAIL  {z}: {why}", err=True)
     from packer.duplicates import unique_sessions
 
     paths, skipped, _ = unique_sessions(discover(root))
@@ -93,7 +94,7 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
     for r in results:
         if r.failed:
             failed += 1
-            click.echo(f"FAILED {r.message}", err=True)
+            click.echo(f"FAIL  {r.message}", err=True)
         else:
             line = f"{r.status:7s} {r.session}: {r.message}"
             if r.plot is not None:
@@ -101,5 +102,6 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
             click.echo(line)
     failed += len(bad_zips)
     ok = len(results) + len(bad_zips) - failed
-    click.echo(f"slam: {ok}/{len(results) + len(bad_zips)} sessions ok" + (f", {failed} failed" if failed else ""))
+    total = len(results) + len(bad_zips)
+    click.echo(f"slam: {ok} of {total} {plural('session', total)} ok" + (f", {failed} failed" if failed else ""))
     return int(Exit.PARTIAL) if failed else int(Exit.OK)

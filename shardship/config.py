@@ -19,6 +19,7 @@ else:  # pragma: no cover
 from shardship.errors import ShardshipError
 
 DEFAULT_CONFIG = "shardship.toml"
+MIN_SHARD_BYTES = 100 * 1024  # ~5 samples of 224x224 JPEG: smaller is a typo, not a choice
 
 
 @dataclass
@@ -33,6 +34,12 @@ class PackOptions:
     # "none": one copy on disk (the .tar); "zstd" | "auto" (if a probe saves >10%) also write
     # a .tar.zst beside each .tar, which uploads send instead: two copies on disk
     compress: str = "none"
+
+    def validate(self, where: str = "[pack]") -> None:
+        """Values packing would accept and regret: a 0-byte shard target writes one sample per shard."""
+        if int(self.shard_bytes) < MIN_SHARD_BYTES:
+            raise ShardshipError(f"{where}: shard size {self.shard_bytes} bytes is too small: give at least "
+                                 "100 KiB (--shard-mb 0.1; the default, 8 MiB, suits most file systems)")
 
 
 @dataclass
@@ -94,6 +101,9 @@ class Config:
         """The named cluster, or the only one configured."""
         if name:
             if name.startswith("local:"):
+                if not name[len("local:"):].strip():  # it would upload into ./shardship
+                    raise ShardshipError("--cluster local: needs a directory standing in for the remote home, "
+                                         "e.g. --cluster local:/tmp/cluster")
                 return ClusterConfig(name=name, host=name, quota="auto")
             if name not in self.clusters:
                 known = ", ".join(sorted(self.clusters)) or "none"
@@ -126,6 +136,30 @@ def _dataclass_from(cls: type, data: dict[str, Any], where: str, **extra: Any) -
     return cls(**kwargs)
 
 
+TABLES = ("paths", "pack", "slam", "scale", "train", "budget", "cluster")
+BUDGET_KEYS = ("env",)  # the rest of `packer budget` comes from [train] and the cluster
+
+
+def _table(data: dict[str, Any], name: str, p: Path) -> dict[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ShardshipError(f"{p}: {name} = {value!r} must be a table: write [{name}] with its keys below it")
+    return value
+
+
+def _known(d: dict[str, Any], known: tuple[str, ...], what: str, fmt: str = "'{}'") -> None:
+    """A misspelt name is an error naming the close one: ignored, its settings silently
+    would not apply ([trian] trains with every default)."""
+    import difflib
+
+    for k in d:
+        if k not in known:
+            close = difflib.get_close_matches(k, known, n=1)
+            hint = f"did you mean {fmt.format(close[0])}?" if close else \
+                f"known: {', '.join(fmt.format(x) for x in known)}"
+            raise ShardshipError(f"{what} {fmt.format(k)} ({hint})")
+
+
 def load_config(path: str | os.PathLike | None = None) -> Config:
     """Read the config; a missing default file means all defaults, a missing
     explicit file is an error."""
@@ -140,16 +174,23 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ShardshipError(f"{p}: not valid TOML: {e}") from None
     cfg = Config(path=p)
-    paths = data.get("paths", {})
+    _known(data, TABLES, f"{p}: unknown table", "[{}]")
+    paths = _table(data, "paths", p)
+    _known(paths, ("raw", "packed", "outputs"), f"{p} [paths]: unknown key")
     for key in ("raw", "packed", "outputs"):
         if key in paths:
             setattr(cfg, key, Path(paths[key]))
     if "pack" in data:
         cfg.pack = _dataclass_from(PackOptions, data["pack"], f"{p} [pack]")
+        cfg.pack.validate(f"{p} [pack]")
+    _known(_table(data, "budget", p), BUDGET_KEYS, f"{p} [budget]: unknown key")
     cfg.slam = dict(data.get("slam", {}))
     cfg.scale = dict(data.get("scale", {}))
     cfg.train = dict(data.get("train", {}))
     cfg.budget = dict(data.get("budget", {}))
-    for name, section in data.get("cluster", {}).items():
-        cfg.clusters[name] = _dataclass_from(ClusterConfig, section, f"{p} [cluster.{name}]", name=name)
+    for name, section in _table(data, "cluster", p).items():
+        cl = cfg.clusters[name] = _dataclass_from(ClusterConfig, section, f"{p} [cluster.{name}]", name=name)
+        if cl.is_local and not cl.host[len("local:"):].strip():
+            raise ShardshipError(f"{p} [cluster.{name}]: host = \"local:\" needs a directory after the colon, "
+                                 "e.g. host = \"local:/tmp/cluster\"")
     return cfg

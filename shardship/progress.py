@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from shardship.units import plural
+
 STEP = 0.10  # a plain line per 10% done ...
 EVERY_S = 60.0  # ... or per minute, whichever comes first
 
@@ -37,7 +39,7 @@ def bar(total: float, desc: str, unit: str = "it", enabled: bool | None = None, 
 
 def _amount(n: float, bytes_: bool, unit: str) -> str:
     if not bytes_:
-        return f"{n:,.0f} {unit}"
+        return f"{n:,.0f} {plural(unit, n)}"
     from shardship.units import human
 
     return human(int(n))
@@ -75,11 +77,13 @@ class Lines:
             return
         dt = max(now - self.t0, 1e-9)
         pct = f"{100 * self.n / self.total:3.0f}% " if self.total else ""
-        rate = _amount((self.n - self.initial) / dt, self.bytes_, self.unit) + "/s"
+        rate = (_amount((self.n - self.initial) / dt, True, "") if self.bytes_
+                else f"{(self.n - self.initial) / dt:,.1f} {self.unit}") + "/s"  # "2.5 shard/s": a unit, no plural
+        # "15 of 15 shards", not "15 shard of 15 shard"
+        done = f"{self.n:,.0f}" if self.total and not self.bytes_ else _amount(self.n, self.bytes_, self.unit)
         total = f" of {_amount(self.total, self.bytes_, self.unit)}" if self.total else ""
         tail = f" [{self.postfix}]" if self.postfix else ""
-        print(f"{self.desc}: {pct}{_amount(self.n, self.bytes_, self.unit)}{total}, {rate}, {dt:.0f} s{tail}",
-              file=self.stream, flush=True)
+        print(f"{self.desc}: {pct}{done}{total}, {rate}, {dt:.0f} s{tail}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if not self.closed:

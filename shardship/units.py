@@ -28,3 +28,8 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TB"
+
+
+def plural(word: str, n: float) -> str:
+    """"1 session", "15 shards", "0.5 img/s" stays "img" (an abbreviation: it, img, B)."""
+    return word if round(n, 6) == 1 or word in ("it", "img", "B") or word.endswith("s") else word + "s"

@@ -30,3 +30,20 @@ def raw_copy(raw_cache: Path, tmp_path: Path) -> Path:
 
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@pytest.fixture
+def tmpfs_1m(tmp_path: Path):
+    """A real 1 MiB tmpfs (a full disk from the kernel), unmounted afterwards; skipped where
+    mounting is not allowed."""
+    import subprocess
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

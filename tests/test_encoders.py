@@ -152,4 +152,4 @@ def test_check_unzips_and_says_what_pack_will_do(tmp_path: Path):
     assert "ok    session_2026-03-01_101010: 30 frames, 0.5 s at 60 fps [imu.json span" in out
     assert "encoders.json: absent (glove not connected) -> joints masked" in out
     assert "poses.json empty -> `packer slam` computes metric poses" in out
-    assert "1 of 1 sessions ok" in out
+    assert "1 of 1 session ok" in out

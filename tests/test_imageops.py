@@ -115,6 +115,9 @@ def test_session_json_nan_and_errors_as_with_json(tmp_path: Path):
     p.write_text('{"a": [1.5, NaN]}')
     v = session.read_json("s", p)
     assert v["a"][0] == 1.5 and v["a"][1] != v["a"][1]
-    p.write_text('{"a": [1.5,')
+    p.write_text('{"a": [1.5,, 2]}')
     with pytest.raises(Exception, match="poses.json.*not valid JSON"):
+        session.read_json("s", p)
+    p.write_text('{"a": [1.5,')  # cut short: the app stopped while writing it (issue 21.9)
+    with pytest.raises(Exception, match="poses.json: truncated after 11 bytes .*re-export"):
         session.read_json("s", p)

@@ -213,7 +213,8 @@ def test_damaged_remote_index_is_a_data_finding(tmp_path: Path) -> None:
     (tmp_path / "home" / "shardship" / "index.json").write_text('{"format": "shardship-index", "shards": [')
     res = submit_job(cfg, cl, dry_run=True, probe=False, bench_csv=tmp_path / "none.csv")
     data = [f.message for f in checks.errors(res.plan.findings) if f.check == "data"]
-    assert data and "index.json: not valid JSON" in data[0] and "re-run `transfer upload`" in data[0]
+    assert data and "index.json: not valid JSON" in data[0] and "run `transfer upload` again" in data[0]
+    assert "packer pack" not in data[0]
 
 
 def _stub_index() -> str:

@@ -38,7 +38,7 @@ def test_check_nan_imu_named(raw_copy: Path):
 def test_pack_cli_summary_and_missing_raw(raw_copy: Path, tmp_path: Path):
     r = run("pack", "--raw", str(raw_copy), "--out", str(tmp_path / "p"), "--no-slam", "--quiet", "--timings")
     assert r.returncode == 0, r.stderr
-    assert "packed 3 session(s)" in r.stdout and "saved" in r.stdout
+    assert "packed 3 sessions" in r.stdout and "saved" in r.stdout
     assert not list((tmp_path / "p").glob("*.zst"))  # one copy on disk by default
     cpu = {line.split(" s  ", 1)[1]: float(line[4:].split(" s  ")[0]) for line in r.stdout.splitlines()
            if line.startswith("cpu ")}

@@ -222,12 +222,12 @@ def test_cli_reports_each_bad_session_in_one_line(tmp_path):
     assert isinstance(res.exception, SystemExit), res.exception  # no uncaught error
     assert res.exit_code == 1, res.output
     assert "Traceback" not in res.output
-    lines = [ln for ln in res.output.splitlines() if ln.startswith("FAILED")]
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("FAIL  ")]
     assert len(lines) == len(expected), res.output
     for name, fragment in expected.items():
         line = next(ln for ln in lines if f"session {name}:" in ln)
         assert fragment in line, line
-    assert f"0/{len(expected)} sessions ok" in res.output
+    assert f"0 of {len(expected)} sessions ok" in res.output
 
 
 def test_cli_usage_errors_exit_2(tmp_path):

@@ -91,7 +91,7 @@ def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, see
         std = json.loads((d / "metadata.json").read_text())["shardship"]["scale_rel_std"]
         assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * std, (e, std)
     else:
-        failed = [ln for ln in r.stderr.splitlines() if ln.startswith("FAILED")]
+        failed = [ln for ln in r.stderr.splitlines() if ln.startswith("FAIL  ")]
         assert len(failed) == 1 and any(k in failed[0] for k in REASONS), r.stderr
         assert "Traceback" not in r.stderr
 

@@ -268,7 +268,9 @@ def test_sigterm_checkpoints_and_stops_then_resumes(packed: Path, tmp_path: Path
     r = subprocess.run(cmd + ["--max-steps", str(ck["step"] + 2)], cwd=ROOT, env=_env(), capture_output=True,
                        text=True, timeout=200)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"at step {ck['step']}," in r.stdout + r.stderr and f"done: step {ck['step'] + 2}/400" in r.stdout
+    k = ck["step"] + 2
+    assert f"at step {ck['step']}," in r.stdout + r.stderr
+    assert f"done: step {k}/{k} (--max-steps; the schedule has 400 steps" in r.stdout
 
 
 class _Boom:
@@ -322,22 +324,22 @@ def test_sigkill_during_checkpoint_write_keeps_the_good_one(tmp_path: Path) -> N
     assert remove_stale_temps(tmp_path) == len(temps)  # what the next `train run` does first
 
 
-def test_full_disk_during_checkpoint_is_a_quota_error_and_keeps_the_good_one(tmp_path: Path) -> None:
+def test_full_disk_during_checkpoint_is_a_quota_error_and_keeps_the_good_one(tmpfs_1m: Path) -> None:
     """A real 1 MiB tmpfs: the second checkpoint does not fit."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        good = mnt / "last.pt"
-        save_checkpoint({"format": "shardship-checkpoint", "step": 1, "w": torch.ones(1000)}, good)
-        with pytest.raises(QuotaError, match="last.pt.*previous checkpoint is intact"):
-            save_checkpoint({"format": "shardship-checkpoint", "step": 2, "w": torch.ones(400_000)}, good)
-        assert load_checkpoint(good)["step"] == 1
-        assert [p.name for p in mnt.iterdir()] == ["last.pt"]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+    good = tmpfs_1m / "last.pt"
+    save_checkpoint({"format": "shardship-checkpoint", "step": 1, "w": torch.ones(1000)}, good)
+    with pytest.raises(QuotaError, match="last.pt.*previous last.pt is intact"):
+        save_checkpoint({"format": "shardship-checkpoint", "step": 2, "w": torch.ones(400_000)}, good)
+    assert load_checkpoint(good)["step"] == 1
+    assert [p.name for p in tmpfs_1m.iterdir()] == ["last.pt"]
+
+
+def test_first_checkpoint_that_does_not_fit_does_not_claim_an_earlier_one(tmpfs_1m: Path) -> None:
+    """Issue 21.9: with nothing saved before, "the previous checkpoint is intact" was the wrong comfort."""
+    with pytest.raises(QuotaError) as e:
+        save_checkpoint({"format": "shardship-checkpoint", "step": 1, "w": torch.ones(400_000)}, tmpfs_1m / "last.pt")
+    assert "intact" not in str(e.value) and "no earlier checkpoint" in str(e.value), str(e.value)
+    assert not list(tmpfs_1m.iterdir())
 
 
 def test_bad_config_and_missing_data_are_one_line_errors(tmp_path: Path) -> None:

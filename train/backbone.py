@@ -22,9 +22,8 @@ import torch
 import torch.nn as nn
 
 from shardship.errors import ShardshipError
+from train.config import HUB_FILE, HUB_URL
 
-HUB_FILE = "resnet18-f37072fd.pth"  # torchvision's ResNet18_Weights.IMAGENET1K_V1
-HUB_URL = f"https://download.pytorch.org/models/{HUB_FILE}"
 FEATURES = 512  # ResNet18's pooled feature width
 
 

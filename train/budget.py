@@ -30,6 +30,7 @@ class BudgetInputs:
     env_files: int = 60_000
     log_bytes: int = 50 * 1024**2  # metrics JSONL, plots, scheduler logs
     normaliser_bytes: int = 64 * 1024
+    weights_bytes: int = 0  # the stack preset's ResNet18 file, shipped once by `train submit`
     used_bytes: int = 0  # already used on the cluster by other things (live quota only)
     inode_limit: int | None = None
     inodes_used: int = 0
@@ -67,6 +68,8 @@ def compute(b: BudgetInputs) -> Budget:
                   f"{n_ckpt} x {human(b.checkpoint_bytes)} "
                   f"({b.keep} kept + best + one being written; model+EMA+AdamW)"),
         BudgetRow("normaliser", b.normaliser_bytes, 1, "action/proprio statistics"),
+        *([BudgetRow("ResNet18 weights", b.weights_bytes, 1, "stack preset: shipped once by `train submit`")]
+          if b.weights_bytes else []),
         BudgetRow("logs", b.log_bytes, 20, "metrics JSONL, plots, job logs"),
         BudgetRow("python env", b.env_bytes, b.env_files if b.env_bytes else 0,
                   "venv with CUDA torch" if b.env_bytes else "provided by the cluster"),
@@ -141,6 +144,7 @@ def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote:
         packed_bytes=packed, packed_files=len(index["shards"]) + 1, checkpoint_bytes=ckpt,
         keep=keep if keep is not None else int(train_cfg.get("keep", TrainConfig.keep)), quota_bytes=0,
         env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
+        weights_bytes=_weights_bytes(train_cfg),
     )
     source = "default 10G"
     if remote:
@@ -158,6 +162,20 @@ def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote:
     else:
         inputs.quota_bytes = parse_size("10G")
     return compute(inputs), source
+
+
+RESNET18_BYTES = 46_830_571  # torchvision's resnet18-f37072fd.pth
+
+
+def _weights_bytes(train_cfg: dict[str, Any]) -> int:
+    """The hub file's size when the model reads it (the local copy's, else the published one's)."""
+    from train.config import model_config
+    from train.jobs.jobenv import local_hub_file, needs_hub_weights
+
+    if not needs_hub_weights(model_config(train_cfg)):
+        return 0
+    here = local_hub_file()
+    return here.stat().st_size if here.is_file() else RESNET18_BYTES
 
 
 def live_quota_and_uploaded(cfg: Config, name: str, index: dict[str, Any],

@@ -63,9 +63,20 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
         if os_err is None:  # not an I/O failure: a bug, keep the traceback
             raise
         if os_err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise QuotaError(f"cannot write checkpoint {path}: {os_err.strerror}; the previous checkpoint is intact. "
+            raise QuotaError(f"cannot write checkpoint {path}: {os_err.strerror}; {_kept(path)}. "
                              "Free space, lower [train] keep, or use a smaller model") from None
-        raise ShardshipError(f"cannot write checkpoint {path}: {os_err}; the previous checkpoint is intact") from None
+        raise ShardshipError(f"cannot write checkpoint {path}: {os_err}; {_kept(path)}") from None
+
+
+def _kept(path: Path) -> str:
+    """What survived a failed checkpoint write, honestly: the file as it was, the run's
+    last.pt, or nothing yet (a first checkpoint that did not fit leaves nothing to resume)."""
+    if path.exists():
+        return f"the previous {path.name} is intact"
+    last = path.parent / "last.pt"
+    if last.exists():
+        return f"{last} is intact (the run resumes from it)"
+    return f"no earlier checkpoint in {path.parent}: nothing saved to resume from yet"
 
 
 def os_error_in(e: BaseException | None) -> OSError | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from shardship.cliopts import config_option, friendly_errors
+from shardship.cliopts import config_option, friendly_errors, tool_group
 from train.config import DEVICES, EDGES, NORMALIZE, PRESETS  # torch-free: `train --help` stays fast
 
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
@@ -23,7 +23,7 @@ def _is_main() -> bool:
     return os.environ.get("RANK", "0") in ("", "0")
 
 
-@click.group()
+@tool_group
 def main() -> None:
     """shardship train: streaming shard reader + diffusion policy trainer."""
 
@@ -40,14 +40,15 @@ def main() -> None:
 @click.option("--epochs", type=int, default=None, help="Total epochs when --steps is not given.")
 @click.option("--batch-size", type=int, default=None, help="Per-rank batch size.")
 @click.option("--num-workers", type=int, default=None, help="DataLoader workers per rank.")
-@click.option("--lr", type=float, default=None)
+@click.option("--lr", type=float, default=None, help="Peak learning rate (AdamW), after the warm-up [3e-4].")
 @click.option("--warmup", type=int, default=None, help="Warm-up steps.")
-@click.option("--checkpoint-every", type=int, default=None)
+@click.option("--checkpoint-every", type=int, default=None, help="Write a checkpoint every N steps [500].")
 @click.option("--keep", type=int, default=None, help="Periodic checkpoints kept (besides last and best).")
 @click.option("--val-every", type=int, default=None, help="Validate every N steps (0: only at the end).")
-@click.option("--ema-decay", type=float, default=None)
-@click.option("--seed", type=int, default=None)
-@click.option("--log-every", type=int, default=None)
+@click.option("--ema-decay", type=float, default=None,
+              help="Decay of the weights' moving average that eval and sampling use, in [0, 1) [0.999].")
+@click.option("--seed", type=int, default=None, help="Seed for the split, shuffling and init [0].")
+@click.option("--log-every", type=int, default=None, help="Log loss and rate to metrics.jsonl every N steps [10].")
 @click.option("--device", type=click.Choice(DEVICES), default=None,
               help="auto (default): cuda, then mps, then cpu. DDP: nccl on cuda, gloo otherwise.")
 @click.option("--model", "preset", type=click.Choice(list(PRESETS)), default=None,
@@ -94,6 +95,9 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         if res.stopped:
             click.echo(f"stopped at step {res.step}/{res.total_steps} ({res.stopped}), checkpoint {out}/last.pt; "
                        "run the same command to resume")
+        elif max_steps and max_steps < res.total_steps:  # the goal was --max-steps, not the schedule's end
+            click.echo(f"done: step {res.step}/{max_steps} (--max-steps; the schedule has {res.total_steps} steps: "
+                       "a higher --max-steps continues it)")
         else:
             click.echo(f"done: step {res.step}/{res.total_steps}")
         best = f", best val loss {res.best_val:.4f}" if res.best_val is not None else ""
@@ -135,16 +139,17 @@ def _interrupted(out: Path) -> str:
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Training output dir (default: outputs/).")
 @config_option()
 @click.option("--checkpoint", default=None, help="Checkpoint file (default: OUT/best.pt, else OUT/last.pt).")
-@click.option("--max-samples", type=int, default=256, show_default=True, help="Validation samples (0 = all).")
+@click.option("--max-samples", type=click.IntRange(0), default=256, show_default=True,
+              help="Validation samples (0 = all).")
 @click.option("--sampler", type=click.Choice(["ddim", "ddpm"]), default=None,
               help="Sampler (default: the model config's; stack samples with DDPM as published).")
 @click.option("--ddim-steps", type=int, default=None,
               help="Sampling steps (default: the model config's ddim_steps for DDIM, every step for DDPM).")
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--num-workers", type=int, default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True, help="Samples per batch.")
+@click.option("--num-workers", type=click.IntRange(0), default=2, show_default=True, help="DataLoader workers.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="auto: cuda, then mps (a Mac), then cpu.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler's noise.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @_errors
 def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, checkpoint: str | None,

@@ -8,7 +8,8 @@ code that trains. train.model and train.trainer import it from here."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,10 @@ DEFAULTS: dict[str, Any] = {
     "color_jitter": True,  # stack: brightness/contrast/saturation jitter (training only)
 }
 MODEL_KEYS = frozenset(DEFAULTS)
+# backbone_weights = "hub": torchvision's ResNet18_Weights.IMAGENET1K_V1 in the torch hub cache
+# (train.backbone loads it; train.jobs.jobenv checks or ships it for a job)
+HUB_FILE = "resnet18-f37072fd.pth"
+HUB_URL = f"https://download.pytorch.org/models/{HUB_FILE}"
 
 # Named sizes. "small" (the defaults, ~6.8M parameters, ~110 MB per checkpoint)
 # suits a 10 GB home quota; "tiny" trains on a laptop CPU in minutes (the demo);
@@ -128,6 +133,18 @@ def model_table(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+# (key, test, rule as said to the user): values the loop would run with, wrongly and silently
+# (lr 0 never learns, a negative grad_clip flips the gradient, min_lr_ratio 5 climbs)
+_RANGES: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("lr", lambda v: v > 0, "> 0"),
+    ("weight_decay", lambda v: v >= 0, ">= 0"),
+    ("grad_clip", lambda v: v > 0, "> 0 (the gradient norm is clipped to it; a large value turns it off)"),
+    ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1] (the cosine's floor as a fraction of lr)"),
+    ("val_fraction", lambda v: 0 <= v < 1, "in [0, 1) (the share of sessions held out for validation)"),
+    ("ema_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+)
+
+
 @dataclass
 class TrainConfig:
     """[train] in shardship.toml; CLI flags override. Model keys (obs_size,
@@ -204,8 +221,10 @@ class TrainConfig:
                 raise ShardshipError(f"{where}: {k} must be >= 0 (got {getattr(self, k)})")
         if self.steps is not None and int(self.steps) < 1:
             raise ShardshipError(f"{where}: steps must be >= 1 (got {self.steps})")
-        if not 0 <= float(self.ema_decay) < 1:
-            raise ShardshipError(f"{where}: ema_decay must be in [0, 1) (got {self.ema_decay})")
+        for k, ok, rule in _RANGES:
+            v = float(getattr(self, k))
+            if not (math.isfinite(v) and ok(v)):
+                raise ShardshipError(f"{where}: {k} must be {rule} (got {getattr(self, k)})")
         if self.obs_horizon is not None and int(self.obs_horizon) < 1:
             raise ShardshipError(f"{where}: obs_horizon must be >= 1 (got {self.obs_horizon})")
         if self.edges not in EDGES:

@@ -125,13 +125,15 @@ def evaluate(data: str | Path, out: str | Path, checkpoint: str | Path | None = 
     eval.json, eval.png and eval.html (the page) next to the checkpoint (and eval/
     TensorBoard scalars there) and returns the metrics. `sampler`: ddim or ddpm (default: the model's)."""
     data, out = Path(data), Path(out)
+    if max_samples < 0:
+        raise ShardshipError(f"--max-samples must be >= 0 (0 = every validation sample; got {max_samples})")
+    index = load_index(data)  # first: a wrong --data (the index.json file itself) says so before the checkpoint
     ck_path = pick_checkpoint(out, checkpoint)
     ck = load_checkpoint(ck_path)
     val_names = list(ck.get("val_sessions") or [])
     if not val_names:
         raise ShardshipError(f"{ck_path}: trained without validation sessions (one session, or val_fraction = 0): "
                              "nothing held out to evaluate on")
-    index = load_index(data)
     missing = [n for n in val_names if n not in index.session_names]
     if missing:
         raise ShardshipError(f"{data}: validation session(s) {', '.join(missing)} of {ck_path.name} are not in this "

@@ -11,9 +11,11 @@ import click
 from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
 
 _CLUSTER, _CONFIG, _HOSTKEY = cluster_option, config_option(), host_key_option
-_QUIET = click.option("--quiet", "-q", is_flag=True,
-                      help="Print only the result (submit: the job id; fetch: where the results are), and "
-                           "warnings and errors: for scripts and job logs.")
+_QUIET_SUBMIT = click.option("--quiet", "-q", is_flag=True,
+                             help="Print only the job id (one per partition copy), and warnings and errors: "
+                                  "for scripts (JOB=$(train submit -q)).")
+_QUIET_FETCH = click.option("--quiet", "-q", is_flag=True,
+                            help="Print only the folder the results are in, not each file fetched.")
 
 
 def _load(config_path: str | None, cluster: str | None):
@@ -50,7 +52,7 @@ def _load(config_path: str | None, cluster: str | None):
                    "srun python); auto reads the script for a lightning import.")
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Passed to `train run --max-steps`.")
 @click.option("--no-probe", is_flag=True, help="Do not measure a DataLoader worker locally for the RAM check.")
-@_QUIET
+@_QUIET_SUBMIT
 @_HOSTKEY
 @friendly_errors
 def submit(cluster: str | None, config_path: str | None, dry_run: bool, offline: bool, sets: tuple[str, ...],
@@ -167,6 +169,7 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
     `setup` lines, CUDA (a login node cannot say for the GPU nodes: it says so), modules, the
     scheduler's commands, quota and inodes, free space for checkpoints. Exit 1 when a check fails."""
     from shardship.errors import Exit, ShardshipError
+    from train.config import model_config
     from train.jobs.doctor import run_doctor
     from train.jobs.measure import checkpoint_size
     from train.jobs.remote import connected
@@ -180,7 +183,7 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
     keep = train_settings(train)["keep"]
     with connected(cl, None, accept_new_host_key) as r:
         click.echo(f"[cluster.{cl.name}] {r.label}: {r.root}")
-        checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep))
+        checks = run_doctor(r, cl, checkpoint_size(train, None), peak_checkpoint_files(keep), model_config(train))
     for c in checks:
         click.echo(str(c))
     failed = [c for c in checks if c.level == "fail"]
@@ -195,7 +198,7 @@ def doctor(cluster: str | None, config_path: str | None, accept_new_host_key: bo
 @click.option("--name", default="shardship", show_default=True, help="Run name given to `train submit`.")
 @click.option("--dest", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Local directory [outputs/CLUSTER/NAME].")
-@_QUIET
+@_QUIET_FETCH
 @_HOSTKEY
 @friendly_errors
 def fetch(cluster: str | None, config_path: str | None, name: str, dest: Path | None, quiet: bool,

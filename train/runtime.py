@@ -3,7 +3,6 @@ for exact resume), mixed precision, batches onto the device, and the signals a
 scheduler (or ctrl-C) sends."""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardship import flock
 from shardship.errors import ShardshipError
 from train import ddp
 from train.data.dataset import unwrap_worker_error
@@ -148,16 +148,13 @@ class OutputLock:
     def take(cls, out: Path) -> OutputLock | None:
         out.mkdir(parents=True, exist_ok=True)
         path = out / cls.NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
+            fd = flock.acquire(path)
+        except flock.LockHeld as e:
+            holder = _holder(e.content)
             raise ShardshipError(f"another `train run` (pid {holder.get('pid', '?')}, host {holder.get('host', '?')}) "
                                  f"is writing {out}: wait for it, stop it, or use another --out") from None
         except OSError as e:  # a file system without locks (ENOLCK): say so, train unguarded
-            os.close(fd)
             print(f"warning: cannot lock {path} ({e.strerror}): nothing stops a second `train run` into {out}",
                   file=sys.stderr)
             return None
@@ -167,15 +164,17 @@ class OutputLock:
         return cls(fd, path)
 
     def release(self) -> None:
+        """Drop the lock and remove the file (shardship.flock: a run that locked the old
+        file just before the unlink notices and locks the new one)."""
         if self.fd >= 0:
-            os.close(self.fd)  # the file stays: unlinking it would let two runs lock two files
+            flock.release(self.fd, self.path)
             self.fd = -1
 
 
-def _holder(fd: int) -> dict[str, Any]:
+def _holder(content: bytes) -> dict[str, Any]:
     try:
-        d = json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except (OSError, ValueError):
+        d = json.loads(content or b"{}")
+    except ValueError:
         return {}
     return d if isinstance(d, dict) else {}
 

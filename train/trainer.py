@@ -36,6 +36,7 @@ from tqdm import tqdm
 from shardship.atomic import remove_stale_temps
 from shardship.errors import ShardshipError
 from shardship.progress import bar as progress_bar
+from shardship.units import plural
 from train import ddp
 from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
@@ -119,8 +120,9 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
     if d.is_main:
         val_samples = run.val_ix.n_samples if run.val_ix else 0
         amp = f", {str(run.dtype).replace('torch.', '')}" if run.dtype else ""
-        tqdm.write(f"train: {run.train_ix.n_samples} samples ({len(run.sessions[0])} sessions), val: "
-                   f"{val_samples} samples ({len(run.sessions[1])} sessions); {d.world_size} rank(s) "
+        n_tr, n_va = len(run.sessions[0]), len(run.sessions[1])
+        tqdm.write(f"train: {run.train_ix.n_samples} samples ({n_tr} {plural('session', n_tr)}), val: "
+                   f"{val_samples} samples ({n_va} {plural('session', n_va)}); {d.world_size} rank(s) "
                    f"x batch {cfg.batch_size}, {run.steps_per_epoch} steps/epoch, {run.total_steps} steps; "
                    f"device {d.device}{amp}; out {out}")
         tqdm.write(model_summary(run.model))

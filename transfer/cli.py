@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option
+from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
 from shardship.config import load_config
 from shardship.errors import Exit, QuotaError, ShardshipError
 from shardship.units import human, parse_size
@@ -27,12 +27,17 @@ from transfer.quota import live_quota
 
 
 def _common(f: Callable) -> Callable:
+    """--cluster, --config, --accept-new-host-key: every command that connects."""
     f = host_key_option(f)
-    f = click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Local packed directory (default: paths.packed from the config, data/packed).")(f)
     f = config_option("config")(f)
     f = cluster_option(f)
     return f
+
+
+def _packed(f: Callable) -> Callable:
+    """--out, for the commands that read the local packed directory (upload, status)."""
+    return click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Local packed directory (default: paths.packed from the config, data/packed).")(f)
 
 
 _errors = friendly_errors(interrupted="interrupted: partial files are kept; rerun the same command to resume")
@@ -43,7 +48,7 @@ def _setup(cluster: str | None, config: Path | None, out: Path | None):
     return cfg, cfg.cluster(cluster), (out if out is not None else cfg.packed)
 
 
-@click.group()
+@tool_group
 def main() -> None:
     """Move packed shards to a cluster: quota-aware, resumable, verified, one SSH connection per command."""
 
@@ -52,10 +57,9 @@ def main() -> None:
 @_common
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 @_errors
-def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
-          as_json: bool) -> None:
+def quota(cluster: str | None, config: Path | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Live quota and usage (space and inodes) of the cluster's remote_dir."""
-    cfg, cl, _ = _setup(cluster, config, out)
+    cfg, cl, _ = _setup(cluster, config, None)
     with connect(cl, accept_new_host_key) as remote:
         q = live_quota(remote)
         if as_json:
@@ -75,6 +79,7 @@ def quota(cluster: str | None, config: Path | None, out: Path | None, accept_new
 
 @main.command()
 @_common
+@_packed
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (what would be sent, peak usage vs quota); send nothing. "
                    "Exit 3 if it would not fit.")
@@ -113,6 +118,7 @@ def upload(cluster: str | None, config: Path | None, out: Path | None, accept_ne
 
 @main.command()
 @_common
+@_packed
 @click.option("--verify", is_flag=True, help="Re-hash every shard (remote side on the remote, local side here).")
 @_errors
 def status(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
@@ -142,13 +148,13 @@ def status(cluster: str | None, config: Path | None, out: Path | None, accept_ne
               help="Progress (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @click.option("--quiet", is_flag=True, help="No progress output at all (same as --no-progress).")
 @_errors
-def pull(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
+def pull(cluster: str | None, config: Path | None, accept_new_host_key: bool,
          paths: tuple[str, ...], dest: Path | None, progress: bool | None, quiet: bool) -> None:
     """Fetch files or directories (relative to remote_dir) back, resumed and verified."""
     from transfer.pull import pull as do_pull
 
     progress = False if quiet else progress
-    cfg, cl, _ = _setup(cluster, config, out)
+    cfg, cl, _ = _setup(cluster, config, None)
     target = dest if dest is not None else cfg.outputs
     with connect(cl, accept_new_host_key) as remote:
         outcomes = do_pull(remote, list(paths), target, progress=progress)
@@ -160,12 +166,12 @@ def pull(cluster: str | None, config: Path | None, out: Path | None, accept_new_
 @main.command(name="connect")
 @_common
 @_errors
-def connect_cmd(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool) -> None:
+def connect_cmd(cluster: str | None, config: Path | None, accept_new_host_key: bool) -> None:
     """Log in once (MFA prompts here) and keep the connection for ControlPersist (default 8h):
     every later transfer/train/packer command to this cluster reuses it without a prompt."""
     from transfer.connection import master_for, transport
 
-    _, cl, _ = _setup(cluster, config, out)
+    _, cl, _ = _setup(cluster, config, None)
     if transport(cl) != "openssh":
         click.echo(f"[cluster.{cl.name}] uses the paramiko transport: each command logs in on its own; "
                    f"nothing to keep open (transport = \"openssh\" needs the `ssh` client)")
@@ -179,9 +185,8 @@ def connect_cmd(cluster: str | None, config: Path | None, out: Path | None, acce
 
 
 @main.command()
-@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="shardship.toml (default: ./shardship.toml or $SHARDSHIP_CONFIG).")
-@click.option("--cluster", default=None, metavar="NAME", help="[cluster.NAME] from shardship.toml.")
+@config_option("config")
+@cluster_option
 @_errors
 def disconnect(cluster: str | None, config: Path | None) -> None:
     """Close the cluster's OpenSSH master connection (the next command logs in again)."""

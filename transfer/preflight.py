@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from shardship.errors import Exit, RemoteError, ShardshipError
+from shardship.format import index
 from shardship.units import parse_size
 from transfer import unpack
 from transfer.hashing import sha256_many
-from transfer.manifest import PART, REMOTE_STATE, ShardFile, load_local, local_file
+from transfer.manifest import INDEX, PART, REMOTE_STATE, ShardFile, load_local, local_file
 from transfer.plan import DEFAULT_MARGIN, Item, Plan, RemoteEntry, build_plan
 from transfer.quota import Quota, live_quota
 from transfer.remote import Remote
@@ -135,6 +136,8 @@ def prepare(remote: Remote, out_dir: Path, *, margin: str | int = DEFAULT_MARGIN
     index_bytes, shards = load_local(out_dir)
     items = choose_items(remote, out_dir, shards, use_compressed)
     listing = remote.listdir()
+    if INDEX in listing:
+        check_remote_version(remote, index_bytes)
     state = read_state(remote) if REMOTE_STATE in listing else {}
     entries, fresh = remote_entries(remote, items, listing, state)
     parts = remote_parts(items, listing)
@@ -147,6 +150,22 @@ def prepare(remote: Remote, out_dir: Path, *, margin: str | int = DEFAULT_MARGIN
                           "reading an older index.json; --prune removes them): "
                           + ", ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""))
     return plan, index_bytes, state, fresh
+
+
+def check_remote_version(remote: Remote, index_bytes: bytes) -> None:
+    """Refuse, before anything is sent, to replace the cluster's index.json with one of an
+    older format: a newer shardship wrote it (another machine, a colleague), and silently
+    swapping it would hand that one's jobs an index its reader may not expect."""
+    try:
+        v = index.version_of(remote.read_file(INDEX))
+    except (RemoteError, OSError):
+        return  # unreadable: the upload replaces it, as it replaces a damaged one
+    ours = index.version_of(index_bytes)
+    if v is not None and ours is not None and v > ours:
+        raise ShardshipError(
+            f"{remote.label}:{remote.path(INDEX)} is format version {v}, newer than this pack's ({ours}): a newer "
+            f"shardship uploaded it. Upgrade shardship here and re-run `packer pack`, or upload into another "
+            f"remote_dir; nothing was sent")
 
 
 def check_tars(out_dir: Path, plan: Plan) -> None:

@@ -115,8 +115,8 @@ def status(remote: Remote, out_dir: str | Path, *, verify: bool = False, with_qu
         report.index_remote = "same" if remote_index == index_bytes else "differs"
         if verify:  # what a job on the cluster reads: the remote index.json and the files next to it
             where = f"{remote.label}:{remote.path(INDEX)}"
-            report.remote_dataset = [str(p) for p in remote_problems(remote, index.parse(remote_index, where),
-                                                                      listing)]
+            theirs = index.parse(remote_index, where, fix=index.REUPLOAD)  # the fix is an upload, not a re-pack
+            report.remote_dataset = [str(p) for p in remote_problems(remote, theirs, listing)]
     if with_quota:
         report.quota = live_quota(remote, remote.root)
     return report

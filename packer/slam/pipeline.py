@@ -200,7 +200,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         )
     scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T)
     info.update(extra)
-    info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale})
+    info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale,
+                 "scale_choice": {k: getattr(opts, k) for k in store.SCALE_CHOICE}})
 
     stages("write")
     T = key_T.copy()

@@ -94,6 +94,23 @@ def cached(session: Session, fingerprint: str | None = None, stat: str | None = 
     return info
 
 
+SCALE_CHOICE = ("scale", "marker_size", "marker_dict", "known_distance")  # SlamOptions fields: the user's choice
+
+
+def scale_choice(session: Session) -> dict[str, Any] | None:
+    """The scale method (and its arguments) the stored result was made with: `packer slam
+    --scale none` then `packer pack` must keep the user's choice, not redo SLAM with the
+    IMU. Older results stored only the method."""
+    info = load_metadata(session).get(KEY)
+    if not isinstance(info, dict):
+        return None
+    choice = info.get("scale_choice")
+    if isinstance(choice, dict):
+        return {k: v for k, v in choice.items() if k in SCALE_CHOICE}
+    method = info.get("method")
+    return {"scale": method} if method in ("imu", "none") else None
+
+
 def _ours(session: Session, data: bytes) -> bool:
     info = load_metadata(session).get(KEY)
     return isinstance(info, dict) and info.get("poses_sha256") == _sha(data)

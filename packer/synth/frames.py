@@ -7,6 +7,7 @@ quickly; the principal point follows COLMAP's pixel-centre convention because
 calib.txt carries it in that convention."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,7 +126,7 @@ def render_frames(rgb_dir: Path, spec: SessionSpec, world: World, joints: np.nda
     and the exposure changes."""
     cam = _Camera(spec, world, joints, g_camera or np.random.default_rng(0)) if spec.effects.any else None
     frames: Any = spec.present
-    if spec.progress:
+    if spec.progress and sys.stderr.isatty():  # a per-frame bar only where it redraws in place
         from tqdm import tqdm
 
         frames = tqdm(frames, desc=spec.name, unit="frame", leave=False)

@@ -166,18 +166,15 @@ def synth_dataset(
         (out, session_name(seed, i), frames, int(np.random.SeedSequence([int(seed), i]).generate_state(1)[0]))
         for i in range(sessions)
     ]
-    bar: Any = None
-    if progress:
-        from tqdm import tqdm
+    from shardship.progress import bar as progress_bar
 
-        bar = tqdm(total=sessions, desc="synth", unit="session")
     paths: list[Path] = []
-    try:
+    # a bar on a terminal, plain lines in a log (a tqdm bar wrote \r redraws there)
+    with progress_bar(sessions, "synth", "session", None if progress else False) as bar:
         if workers <= 1 or sessions <= 1:
             for job in jobs:
                 paths.append(synth_session(*job, **kw))
-                if bar is not None:
-                    bar.update()
+                bar.update(1)
         else:
             from concurrent.futures import ProcessPoolExecutor
 
@@ -185,9 +182,5 @@ def synth_dataset(
                 futs = [ex.submit(synth_session, *job, **kw) for job in jobs]
                 for f in futs:
                     paths.append(f.result())
-                    if bar is not None:
-                        bar.update()
-    finally:
-        if bar is not None:
-            bar.close()
+                    bar.update(1)
     return paths

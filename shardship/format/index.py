@@ -38,6 +38,8 @@ SAMPLE_FIELDS = ("key", "jpg_offset", "jpg_size", "json_offset", "json_size", "h
 RESERVED_SUFFIXES = (".part", TMP_SUFFIX)
 #: what every validation error tells the user to do
 REPACK = "re-run `packer pack`"
+#: ... and for the copy on the cluster, which the local pack rewrites
+REUPLOAD = "run `transfer upload` again (it rewrites the cluster's copy from your packed directory)"
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NUMERIC = SAMPLE_FIELDS[1:]  # the integer columns, in table order
@@ -145,6 +147,9 @@ def empty(options: dict[str, Any], pil: str) -> dict[str, Any]:
 
 
 def _read_bytes(directory: str | os.PathLike, required: bool) -> tuple[bytes | None, str]:
+    if Path(directory).is_file():  # `--data data/packed/index.json`: a NotADirectoryError traceback
+        raise ShardshipError(f"{directory} is a file: give the folder that holds {INDEX} "
+                             f"({Path(directory).parent}), not the file")
     p = Path(directory) / INDEX
     try:
         return p.read_bytes(), str(p)
@@ -168,13 +173,30 @@ def load(directory: str | os.PathLike, *, required: bool = True) -> dict[str, An
     return None if data is None else parse(data, where).doc
 
 
-def parse(data: bytes | str, where: str = INDEX) -> Index:
-    """index.json bytes -> a validated Index. Pure: `where` only names the file in errors."""
+def parse(data: bytes | str, where: str = INDEX, fix: str = REPACK) -> Index:
+    """index.json bytes -> a validated Index. Pure: `where` only names the file in errors;
+    `fix` is what they tell the user to do (REUPLOAD for the cluster's copy)."""
+    try:
+        try:
+            doc = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ShardshipError(f"{where}: not valid JSON ({e}); {REPACK}") from None
+        return validate(doc, where)
+    except ShardshipError as e:
+        if fix == REPACK or not str(e).endswith(REPACK):
+            raise
+        raise ShardshipError(str(e)[:-len(REPACK)] + fix, e.code) from None
+
+
+def version_of(data: bytes | str) -> int | None:
+    """The format version a document claims, without validating the rest (None when it
+    does not parse or says none): transfer compares it before replacing a remote index."""
     try:
         doc = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ShardshipError(f"{where}: not valid JSON ({e}); {REPACK}") from None
-    return validate(doc, where)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    v = doc.get("version") if isinstance(doc, dict) else None
+    return v if type(v) is int else None
 
 
 def save(directory: str | os.PathLike, index: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from shardship.config import ClusterConfig
 from shardship.errors import RemoteError
 from shardship.units import human
 from train.jobs.common import q
+from train.jobs.jobenv import JobEnv, needs_hub_weights, plan_weights, probe, python_problem
 
 SCHEDULER_COMMANDS = {"slurm": ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun"),
                       "sge": ("qsub", "qstat", "qacct", "qhost", "qdel")}
@@ -28,7 +29,8 @@ MARK = "SHARDSHIP_DOCTOR "
 
 _PROBE = f"""
 import importlib, json, os, sys
-out = {{"python": sys.version.split()[0], "executable": sys.executable, "modules": {{}}}}
+out = {{"python": sys.version.split()[0], "version_info": list(sys.version_info[:3]), "executable": sys.executable,
+       "modules": {{}}}}
 for m in {NEEDED + OPTIONAL!r}:
     try:
         out["modules"][m] = getattr(importlib.import_module(m), "__version__", "installed")
@@ -42,7 +44,7 @@ if out["modules"].get("torch"):
 try:
     import train
     out["shardship"] = os.path.dirname(os.path.dirname(os.path.abspath(train.__file__)))
-except ImportError:
+except Exception:  # not installed, or (a python too old for it) a SyntaxError
     out["shardship"] = None
 print({MARK!r} + json.dumps(out))
 """
@@ -75,7 +77,10 @@ def python_checks(remote: Any, cluster: ClusterConfig) -> list[Check]:
                                         f"fix [cluster.{cluster.name}] python / setup")]
     doc: Mapping[str, Any] = json.loads(line[len(MARK):])
     mods = doc["modules"]
-    out = [Check("ok", "python", f"{doc['python']} ({doc['executable']})")]
+    env = JobEnv(str(doc["python"]), tuple(doc.get("version_info") or (0, 0)), str(doc["executable"]), "", None)
+    too_old = python_problem(env, cluster)
+    out = [Check("fail", "python", too_old) if too_old else
+           Check("ok", "python", f"{doc['python']} ({doc['executable']})")]
     for m in NEEDED:
         if mods.get(m):
             out.append(Check("ok", m, str(mods[m])))
@@ -149,7 +154,22 @@ def space_checks(remote: Any, root: str, checkpoint_bytes: int | None, files: in
     return out
 
 
-def run_doctor(remote: Any, cluster: ClusterConfig, checkpoint_bytes: int | None, files: int) -> list[Check]:
-    """Every check; none raises for a finding (a failed check is a line, the others still run)."""
-    return [*python_checks(remote, cluster), *scheduler_checks(remote, cluster),
-            *space_checks(remote, remote.root, checkpoint_bytes, files)]
+def weights_checks(remote: Any, cluster: ClusterConfig, model: Mapping[str, Any] | None) -> list[Check]:
+    """The stack preset's ResNet18 file where the job looks (jobenv.py), or here to be shipped."""
+    if model is None or not needs_hub_weights(model):
+        return []
+    env = probe(remote, cluster)
+    if isinstance(env, str):
+        return []  # python_checks said why the python does not run
+    ship, err, note = plan_weights(env, remote.root)
+    if err:
+        return [Check("fail", "weights", err)]
+    return [Check("info" if ship else "ok", "weights", note.removeprefix("ResNet18 weights: "))]
+
+
+def run_doctor(remote: Any, cluster: ClusterConfig, checkpoint_bytes: int | None, files: int,
+               model: Mapping[str, Any] | None = None) -> list[Check]:
+    """Every check; none raises for a finding (a failed check is a line, the others still run).
+    `model`: the job's model config, for the stack preset's weights."""
+    return [*python_checks(remote, cluster), *weights_checks(remote, cluster, model),
+            *scheduler_checks(remote, cluster), *space_checks(remote, remote.root, checkpoint_bytes, files)]

@@ -20,7 +20,7 @@ from shardship.config import DEFAULT_CONFIG, ClusterConfig, Config
 from shardship.errors import RemoteError, ShardshipError
 from shardship.format import index as fmt
 from shardship.units import parse_size
-from train.jobs import checks, foreign, measure, render
+from train.jobs import checks, foreign, jobenv, measure, render
 from train.jobs import log_path as job_log_path
 from train.jobs.common import comment
 from train.jobs.overrides import apply_sets, check_shapes
@@ -88,6 +88,7 @@ class Plan:
     findings: list[checks.Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # where the numbers came from
     code: CodeArchive | None = None  # shardship's source, shipped with the job
+    weights: jobenv.Weights | None = None  # the stack preset's ResNet18 file, shipped once (jobenv.py)
 
 
 def source_of(cfg: Config, cluster: ClusterConfig) -> str:
@@ -108,7 +109,7 @@ OFFLINE = "not checked (offline)"
 
 
 def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any | None, *, probe: bool = True,
-               bench_csv: Path = measure.LOADER_CSV) -> tuple[list[checks.Finding], list[str]]:
+               bench_csv: Path = measure.LOADER_CSV, ship_bytes: int = 0) -> tuple[list[checks.Finding], list[str]]:
     """All pre-submit checks; returns (findings, notes). `remote` None is a dry run offline:
     the arithmetic that needs no cluster (workers x ranks x RSS vs `mem`, cores per rank,
     checkpoint vs time limit) still runs, and each check that needs the cluster says
@@ -134,11 +135,37 @@ def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any |
         notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {peak_checkpoint_files(spec.keep)}; quota {OFFLINE}")
     else:
         limit, headroom, src = _quota(remote, cluster, spec)
+        if headroom is not None and ship_bytes:  # what submit ships (the ResNet18 weights) comes out of it first
+            headroom, src = headroom - ship_bytes, f"{src}, less {ship_bytes / 2**20:.0f} MiB shipped with the job"
         existing = measure.dir_bytes(remote, spec.out_dir)
         notes.append(f"checkpoint {ckpt / 2**20:.1f} MiB x {peak_checkpoint_files(spec.keep)}; "
                      f"{'unknown' if headroom is None else f'{headroom / 2**20:.0f} MiB'} free ({src})")
         findings += checks.check_quota(spec, ckpt, headroom, limit, src, existing)
     return findings, notes
+
+
+def env_checks(cfg: Config, cluster: ClusterConfig, remote: Any | None,
+               root: str) -> tuple[list[checks.Finding], list[str], jobenv.Weights | None]:
+    """The job's python through the setup lines (the shipped source needs >= 3.10) and, for the
+    stack preset, its ResNet18 weights where the job will look: (findings, notes, weights to ship)."""
+    from train.config import model_config
+
+    hub = jobenv.needs_hub_weights(model_config(cfg.train))
+    if remote is None:
+        return [], [f"python{' and ResNet18 weights' if hub else ''} on the cluster: {OFFLINE}"], None
+    env = jobenv.probe(remote, cluster)
+    if isinstance(env, str):
+        return [checks.Finding("error", "python", f"{env}; fix [cluster.{cluster.name}] python / setup "
+                                                  "(`train doctor` shows what they give)")], [], None
+    bad = jobenv.python_problem(env, cluster)
+    findings = [checks.Finding("error", "python", bad)] if bad else []
+    notes = [] if bad else [f"python {env.python} ({env.executable}) after the setup lines"]
+    weights = None
+    if hub:
+        weights, err, note = jobenv.plan_weights(env, root)
+        findings += [checks.Finding("error", "weights", err)] if err else []
+        notes += [note] if note else []
+    return findings, notes, weights
 
 
 def foreign_checks(spec: JobSpec, script_text: str | None) -> tuple[list[checks.Finding], list[str]]:
@@ -173,9 +200,9 @@ def _remote_index(spec: JobSpec, remote: Any | None, findings: list[checks.Findi
                                                         "run `transfer upload` first"))
         return None
     try:
-        return fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}").doc
+        return fmt.parse(remote.read_file(index_path), f"{remote.label}:{index_path}", fix=fmt.REUPLOAD).doc
     except ShardshipError as e:  # a damaged or partial upload: say so, the other checks still run
-        findings.append(checks.Finding("error", "data", f"{e}; re-run `transfer upload`"))
+        findings.append(checks.Finding("error", "data", str(e)))
     except (RemoteError, OSError) as e:
         findings.append(checks.Finding("error", "data", f"cannot read {index_path} on {remote.label}: {e}"))
     return None
@@ -244,16 +271,22 @@ def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str =
     if len(partitions) > 1:
         check_partitions(spec)
     script = render(spec)
-    toml = train_toml(cfg.train, source_of(cfg, cluster))
+    weights = None
     if words:
         findings, notes = foreign_checks(spec, script_text)
     else:
-        findings, notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv)
+        findings, notes, weights = env_checks(cfg, cluster, remote, root)
+        more, more_notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv,
+                                      ship_bytes=weights.size if weights else 0)
+        findings, notes = findings + more, notes + more_notes
+    if weights:  # the job reads the shipped copy (its [train.model] in the job's TOML)
+        cfg.train["model"] = {**dict(cfg.train.get("model") or {}), "backbone_weights": weights.remote}
+    toml = train_toml(cfg.train, source_of(cfg, cluster))
     if root_note:
         notes.insert(0, root_note)
     if code:
         notes.append(f"code: {code.name} ({code.files} files, {len(code.data) / 1024:.0f} KiB) -> {spec.code_dir}")
-    return Plan(spec, script, toml, findings, notes, code)
+    return Plan(spec, script, toml, findings, notes, code, weights)
 
 
 # ---------------------------------------------------------------- submit
@@ -304,6 +337,8 @@ def submit_job(cfg: Config, cluster: ClusterConfig, *, dry_run: bool = False, re
         _refuse_if_active(cfg, cluster, r, spec)
         if p.code is not None:
             ship(r, p.code, spec.data_dir)
+        if p.weights is not None:
+            jobenv.ship_weights(r, p.weights)
         r.mkdir(spec.log_dir)
         r.mkdir(spec.out_dir)
         r.write_file(spec.config_path, p.train_toml.encode())

@@ -206,10 +206,12 @@ class OpenSSHRemote(Remote):
                 rx.stdin.flush()  # type: ignore[union-attr]
                 pos = offset
                 while pos < end:
-                    k = min(CHUNK, end - pos)
+                    # charge the bytes the pipe took (after the copy: throttle sleeps off what was
+                    # charged before), not the ones asked for: sendfile into a pipe moves ~64 KiB a
+                    # call, and charging CHUNK (1 MiB) before each gave 1/15 of --bwlimit
+                    k = _copy(src.fileno(), rx.stdin.fileno(), pos, min(CHUNK, end - pos))  # type: ignore
                     if throttle:
                         throttle(k)
-                    k = _copy(src.fileno(), rx.stdin.fileno(), pos, k)  # type: ignore[union-attr]
                     pos += k
                     if callback:
                         callback(k)

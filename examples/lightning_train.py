@@ -155,6 +155,13 @@ def main(argv: list[str]) -> None:
     trainer.fit(Regressor(int(m["hidden"]), float(m["lr"]), float(m["step_seconds"])), loader, ckpt_path="last")
     print(f"lightning: rank {trainer.global_rank}/{trainer.world_size} done at global step {trainer.global_step} "
           f"epoch {trainer.current_epoch}", flush=True)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # every rank past fit before the group goes: a rank exiting while gloo's threads still run aborted
+        # ("terminate called without an active exception") and srun failed a finished job
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

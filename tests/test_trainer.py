@@ -352,3 +352,19 @@ def test_bad_config_and_missing_data_are_one_line_errors(tmp_path: Path) -> None
     assert r.returncode == 2 and "index.json" in r.stderr and "Traceback" not in r.stderr
     with pytest.raises(ShardshipError, match="time_limit"):
         TrainConfig.from_dict({"time_limit": "soon"})
+
+
+def test_ctrl_c_inside_torch_save_stays_an_interrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second ctrl-C can land inside torch.save; its zip writer's cleanup then fails on the
+    half-written file ("unexpected pos"). That RuntimeError must not replace the interrupt
+    (it printed a traceback and exit 1 instead of the one-line exit 130), and no temp stays."""
+    def interrupted_save(obj, f) -> None:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1422464 vs 1422352")
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint({"step": 1}, tmp_path / "last.pt")
+    assert list(tmp_path.iterdir()) == []

@@ -59,6 +59,10 @@ def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
         with atomic_open(path, "wb") as f:
             torch.save(dict(state), f)
     except (OSError, RuntimeError) as e:
+        if isinstance(e.__context__, KeyboardInterrupt):
+            # a ctrl-C inside torch.save: its zip writer's cleanup then fails on the half-written file and
+            # would hide the interrupt behind a RuntimeError (and a traceback); the temp file is removed
+            raise KeyboardInterrupt from None
         os_err = os_error_in(e)
         if os_err is None:  # not an I/O failure: a bug, keep the traceback
             raise

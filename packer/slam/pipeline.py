@@ -25,7 +25,7 @@ from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERE
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
 from packer.slam.scale_methods import metric_scale
-from packer.slam.tracks import TrackOptions, Tracks, track_keyframes
+from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
 
@@ -327,17 +327,8 @@ def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:
     img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
     if img is None:
         raise session.error(str(p), "--mask: not a readable image (a PNG, black where the mount is)")
-    h, w = _read_shape(session.frame_paths[0])
+    h, w = read_gray(session.frame_paths[0]).shape
     return np.where(cv2.resize(img, (w, h), interpolation=cv2.INTER_NEAREST) > 127, 255, 0).astype(np.uint8)
-
-
-def _read_shape(path: Path) -> tuple[int, int]:
-    import cv2
-
-    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
-    if img is None:
-        raise OSError(f"{path}: not a readable image")
-    return int(img.shape[0]), int(img.shape[1])
 
 
 def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:

@@ -89,7 +89,8 @@ class Tracks:
         return np.stack([ia, ib], axis=1).astype(np.uint32)
 
 
-def _read_gray(path: Path) -> np.ndarray:
+def read_gray(path: Path) -> np.ndarray:
+    """A frame as 8-bit grey; OSError naming the file when it does not decode."""
     import cv2
 
     img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
@@ -209,7 +210,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
     n = len(paths)
     cand = set(range(0, n, candidate_step)) | {n - 1}
     out = Tracks()
-    prev = _read_gray(paths[0])
+    prev = read_gray(paths[0])
     allowed = np.full(prev.shape, 255, np.uint8) if opt.mask is None else opt.mask.copy()
     pts = _detect(prev, np.zeros((0, 2)), opt.max_tracks, opt, allowed)
     live = _Live(pts, np.arange(len(pts)), len(pts), [], {}, set(), allowed)
@@ -217,7 +218,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
     anchor = (prev, live.ids.copy(), live.pts.copy())  # the last candidate frame, for the backward check
     skipped = 0
     for i in range(1, n):
-        cur = _gain_matched(prev, _read_gray(paths[i]))
+        cur = _gain_matched(prev, read_gray(paths[i]))
         p1, good = _lk(prev, cur, live.pts, opt)
         live.pts, live.ids = p1[good], live.ids[good]
         prev = cur

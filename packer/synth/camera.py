@@ -37,9 +37,9 @@ _BLUR_SUBSAMPLES = 5
 _RS_BANDS = 24
 
 
-def true_intrinsics(fx: float, fy: float, cx: float, cy: float, fx_effects: CameraEffects) -> tuple[float, ...]:
+def true_intrinsics(fx: float, fy: float, cx: float, cy: float, effects: CameraEffects) -> tuple[float, ...]:
     """(fx, fy, cx, cy, k1) of the camera that really took the frames (OpenCV pixels)."""
-    if not fx_effects.lens:
+    if not effects.lens:
         return fx, fy, cx, cy, 0.0
     return fx * LENS_FOCAL, fy * LENS_FOCAL, cx + LENS_PP[0], cy + LENS_PP[1], LENS_K1
 

@@ -92,14 +92,14 @@ class _Camera:
     """One frame as the phone records it under `spec.effects` (`packer.synth.camera`)."""
 
     def __init__(self, spec: SessionSpec, world: World, joints: np.ndarray | None, rng: np.random.Generator):
-        fx = spec.effects
-        self.fx, self.world, self.joints = fx, world, joints
-        self.bands = camera.row_bands(HEIGHT, fx.rolling_shutter)
-        self.subs = camera.blur_offsets(fx.blur)
-        k = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, fx)
+        effects = spec.effects
+        self.world, self.joints = world, joints
+        self.bands = camera.row_bands(HEIGHT, effects.rolling_shutter)
+        self.subs = camera.blur_offsets(effects.blur)
+        k = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, effects)
         self.K = np.array([[k[0], 0, k[2]], [0, k[1], k[3]], [0, 0, 1.0]])
-        self.glove = camera.make_glove(rng, WIDTH, HEIGHT) if fx.glove else None
-        self.exposure = camera.make_exposure(rng, spec.n_frames / spec.fps) if fx.exposure else None
+        self.glove = camera.make_glove(rng, WIDTH, HEIGHT) if effects.glove else None
+        self.exposure = camera.make_exposure(rng, spec.n_frames / spec.fps) if effects.exposure else None
 
     def frame(self, i: int) -> np.ndarray:
         w, t = self.world, float(self.world.t_frames[i])

@@ -171,7 +171,7 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
 
     Re-running is cheap: unchanged sessions are kept as they are, a killed run
     resumes at the first unfinished session. Exit 1 if some sessions failed."""
-    from packer.framepool import prefeed
+    from packer.framepool import FramePool, prefeed
 
     cfg = _cfg(config_path)
     opts = _pack_options(cfg, crop=crop, quality=quality, stride=stride, horizon=horizon, workers=workers,
@@ -181,7 +181,8 @@ def pack(raw, out, crop, quality, stride, shard_mb, horizon, workers, compress, 
     raw_dir, out_dir = Path(raw) if raw else cfg.raw, Path(out) if out else cfg.packed
     click.echo(f"PIL: {describe()}")
     # the workers start on a first pack's frames before numpy and the sessions are loaded
-    with prefeed(raw_dir, out_dir, opts) as frames:
+    with FramePool.for_options(opts) as frames:  # entered first: a Ctrl-C while prefeed starts it stops it
+        prefeed(frames, raw_dir, out_dir, opts)
         from packer.pack import pack as do_pack
 
         prepare, ready = _slam_stage(cfg, quiet) if slam else (None, None)

@@ -165,9 +165,13 @@ class FramePool:
             return
         if exc_type is not None or self._fed or self._dropped:
             stop_now(self._pool)
-        else:
+            return
+        try:
             self._pool.close()
             self._pool.join()
+        except BaseException:  # a Ctrl-C while the finished workers exit: left to the pool's
+            stop_now(self._pool)  # exit finalizer, it hangs on the task queue's lock a waiting worker holds
+            raise
 
 
 def stop_now(pool: Pool) -> None:
@@ -194,9 +198,10 @@ def stop_now(pool: Pool) -> None:
     pool._terminate.cancel()  # type: ignore[attr-defined]  # no Pool.terminate at interpreter exit either
 
 
-def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
-    """A pool for `packer pack`, already encoding when the out dir has no index.json
-    yet (a first pack: every session that checks out will be encoded): the frames
+def prefeed(frames: FramePool, raw: Path, out: Path, opts: PackOptions) -> None:
+    """Start `frames` (a pool for `packer pack`, already entered as a context manager,
+    so a Ctrl-C while this feeds stops its workers) encoding when the out dir has no
+    index.json yet (a first pack: every session that checks out will be encoded): the frames
     of each session folder as a directory listing gives them (rgb/<number>.jpg in
     number order, every stride-th), up to EARLY_FRAMES; not `session_X (1)/`
     beside `session_X/` (a second copy, packer.duplicates). pack compares each listing
@@ -204,9 +209,8 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
     from packer.duplicates import original_name
     from packer.lockfile import held_by_another
 
-    frames = FramePool.for_options(opts)
     if (out / "index.json").exists() or not raw.is_dir() or held_by_another(out):
-        return frames
+        return
     stride = max(1, opts.stride)
     try:
         for d in sorted(p for p in raw.iterdir() if p.is_dir() and not p.name.startswith(".")):
@@ -224,4 +228,3 @@ def prefeed(raw: Path, out: Path, opts: PackOptions) -> FramePool:
             frames.early -= len(paths)
     except OSError:
         pass  # pack reports what is unreadable
-    return frames

@@ -143,3 +143,44 @@ def test_ctrl_c_during_the_slam_stage_stops_the_reconstruction(raw: Path, tmp_pa
         again = start(r, tmp_path / f"out{k}")
         _, err = again.communicate(timeout=600)
         assert again.returncode == 0, err
+
+
+
+@pytest.mark.parametrize("where", ["prefeed", "close"])
+def test_ctrl_c_while_the_pool_starts_or_closes_leaves_no_worker_and_no_exit_finalizer(
+        raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The hang CI met once in ~100 Ctrl-Cs: a pool the pack no longer stops is left to
+    multiprocessing's finalizer, which can wait for ever on the task queue's lock (seen at
+    the very start, in prefeed, before the pool was under a `with`). Here the interrupt is
+    made certain at those two points: each time the workers must be reaped by the pack
+    and the pool's finalizer cancelled."""
+    from packer.framepool import FramePool, prefeed
+    from shardship.config import PackOptions
+
+    opts = PackOptions(workers=2)
+    pools = []
+    real_feed, real_start = FramePool.feed, FramePool._start
+
+    def start(self: FramePool):
+        pool = real_start(self)
+        if pool not in pools:
+            pools.append(pool)
+        return pool
+
+    def feed(self: FramePool, name: str, paths: list[str]) -> None:
+        real_feed(self, name, paths)
+        if where == "prefeed":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(FramePool, "_start", start)
+    monkeypatch.setattr(FramePool, "feed", feed)
+    with pytest.raises(KeyboardInterrupt):
+        with FramePool.for_options(opts) as frames:
+            prefeed(frames, raw, tmp_path / "out", opts)
+            for name in list(frames._fed):
+                assert sum(1 for _ in frames.results(name)) > 0
+            assert pools and not frames._fed
+            monkeypatch.setattr(pools[0], "join", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+    (pool,) = pools
+    assert not any(w.is_alive() for w in pool._pool), "a worker outlived the interrupt"
+    assert not pool._terminate.still_active(), "the pool's exit finalizer would still run"

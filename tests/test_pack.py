@@ -303,15 +303,17 @@ def test_prefed_frames_that_differ_from_the_checked_session_are_dropped(raw_copy
     """`prefeed` lists frames before a session is checked; pack uses them only when
     they are exactly the kept frames (here the listing took every frame, the pack
     keeps every 2nd), else drops them and feeds again: same shards as a plain pack."""
-    from packer.framepool import prefeed
+    from packer.framepool import FramePool, prefeed
 
     plain = pack(raw_copy, tmp_path / "a", opts(stride=2), progress=False)
-    with prefeed(raw_copy, tmp_path / "b", opts()) as frames:
+    with FramePool.for_options(opts()) as frames:
+        prefeed(frames, raw_copy, tmp_path / "b", opts())
         assert frames.started is not None  # a fresh out dir: already encoding
         early = pack(raw_copy, tmp_path / "b", opts(stride=2), progress=False, frames=frames)
     assert sorted(early.packed) == sorted(plain.packed) and not early.failed
     assert {p.name for p in (tmp_path / "b").glob("*.tar")} == {p.name for p in (tmp_path / "a").glob("*.tar")}
-    with prefeed(raw_copy, tmp_path / "b", opts()) as frames:
+    with FramePool.for_options(opts()) as frames:
+        prefeed(frames, raw_copy, tmp_path / "b", opts())
         assert frames.started is None  # index.json there: a re-run feeds nothing before the checks
 
 

@@ -315,16 +315,18 @@ def test_a_pack_into_a_busy_out_dir_encodes_nothing_early(raw_copy: Path, tmp_pa
     loaded) asks the out dir lock first: a second pack into a directory another pack
     holds is refused without a worker started (it used to encode up to 8,000 frames
     first, and on a loaded machine took minutes to say the directory was busy)."""
-    from packer.framepool import prefeed
+    from packer.framepool import FramePool, prefeed
     from packer.lockfile import held_by_another, locked
 
     out = tmp_path / "busy"
     out.mkdir()
     assert not held_by_another(out)
-    with prefeed(raw_copy, out, PackOptions(workers=1)) as free:
+    with FramePool.for_options(PackOptions(workers=1)) as free:
+        prefeed(free, raw_copy, out, PackOptions(workers=1))
         assert free._pool is not None  # a first pack into a free directory starts at once
     with locked(out):
-        with prefeed(raw_copy, out, PackOptions(workers=1)) as busy:
+        with FramePool.for_options(PackOptions(workers=1)) as busy:
+            prefeed(busy, raw_copy, out, PackOptions(workers=1))
             assert busy._pool is None  # nothing encoded for a pack that will be refused
         holder = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
                                  "from packer.lockfile import held_by_another; "

@@ -187,14 +187,23 @@ def stop_now(pool: Pool) -> None:
     pool._state = TERMINATE  # type: ignore[attr-defined]
     for handler in (pool._worker_handler, pool._task_handler, pool._result_handler):  # type: ignore[attr-defined]
         handler._state = TERMINATE  # the worker handler must not start replacements for the killed ones
-    for _ in range(2):  # again for any replacement the handler started before it saw TERMINATE
+    pool._change_notifier.put(None)  # type: ignore[attr-defined]  # wakes the worker handler to see it
+    # The worker handler may be half-way through replacing a killed worker when it sees
+    # TERMINATE (a loaded machine: seen as two replacements, forked after the kill, left
+    # orphaned and holding the pack's stderr open): kill what is in the pool until the
+    # handler has ended, then once more.
+    deadline = time.monotonic() + 10
+    while True:
+        handler_done = not pool._worker_handler.is_alive()  # type: ignore[attr-defined]
         workers = list(pool._pool)  # type: ignore[attr-defined]
         for w in workers:
             if w.exitcode is None:
                 w.kill()
         for w in workers:
             w.join(5)
-        pool._worker_handler.join(1)  # type: ignore[attr-defined]
+        if handler_done or time.monotonic() > deadline:
+            break
+        pool._worker_handler.join(0.2)  # type: ignore[attr-defined]
     pool._terminate.cancel()  # type: ignore[attr-defined]  # no Pool.terminate at interpreter exit either
 
 

@@ -184,3 +184,33 @@ def test_ctrl_c_while_the_pool_starts_or_closes_leaves_no_worker_and_no_exit_fin
     (pool,) = pools
     assert not any(w.is_alive() for w in pool._pool), "a worker outlived the interrupt"
     assert not pool._terminate.still_active(), "the pool's exit finalizer would still run"
+
+
+def test_stop_now_kills_the_replacements_a_slow_worker_handler_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second hang of the CI stress, seen on a loaded machine: the pool's worker handler,
+    already replacing a dead worker when stop_now killed the others, forked replacements
+    after the kill; orphaned, they held the pack's stderr open. Made certain here by a
+    handler that takes 2.5 s to replace a worker killed just before stop_now."""
+    import multiprocessing as mp
+    from multiprocessing.pool import Pool
+
+    from packer.framepool import stop_now
+
+    real = Pool._maintain_pool  # type: ignore[attr-defined]
+
+    def slow(*args):  # a machine where a fork takes seconds
+        time.sleep(2.5)
+        return real(*args)
+
+    monkeypatch.setattr(Pool, "_maintain_pool", staticmethod(slow))
+    pool = mp.get_context("fork").Pool(2)
+    first = list(pool._pool)
+    os.kill(first[0].pid, signal.SIGKILL)
+    time.sleep(0.3)  # the handler has seen the death and is (slowly) replacing it
+    stop_now(pool)
+    time.sleep(3)  # past the handler's sleep: any replacement it was going to start has started
+    alive = [p for p in mp.active_children() if p not in first]
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} worker(s) started after stop_now survived it"
+    assert not pool._terminate.still_active()

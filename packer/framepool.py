@@ -25,6 +25,7 @@ from types import TracebackType
 from PIL import Image
 
 from packer.imageops import ResizeSpec, process_frames
+from shardship.atomic import interrupts_deferred
 from shardship.config import PackOptions
 from shardship.pil import cache_image_buffers
 
@@ -53,6 +54,7 @@ def _worker_init(lock_fd: int) -> None:
     a worker of its own would print a KeyboardInterrupt traceback, or die half-way
     through sending a result and leave the pool's result pipe corrupt."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # FramePool._start forks with both deferred
     try:
         os.close(lock_fd)
     except OSError:
@@ -102,8 +104,14 @@ class FramePool:
             # Pillow imports its five core plugins at the first open/save: once here,
             # before the fork, instead of once in every worker
             Image.preinit()
-            self._pool = ctx.Pool(self.workers, initializer=_worker_init, initargs=(self.lock_fd,))
-            self.started = time.perf_counter()
+            # Ctrl-C held while the pool starts: a pool half-built when it lands is one
+            # nobody stops (its exit finalizer then waited for ever on a worker's queue
+            # lock), and a worker forked before _worker_init would die of it (a worker
+            # inherits the recording handler until then). Raised right after, with the
+            # pool in place for __exit__ to stop.
+            with interrupts_deferred():
+                self._pool = ctx.Pool(self.workers, initializer=_worker_init, initargs=(self.lock_fd,))
+                self.started = time.perf_counter()
         return self._pool
 
     def fed(self, name: str, paths: list[str]) -> bool:

@@ -214,3 +214,36 @@ def test_stop_now_kills_the_replacements_a_slow_worker_handler_starts(monkeypatc
         p.kill()
     assert not alive, f"{len(alive)} worker(s) started after stop_now survived it"
     assert not pool._terminate.still_active()
+
+
+def test_ctrl_c_while_the_pool_is_being_built_is_held_until_it_can_be_stopped(
+        raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The third way the CI stress hung: SIGINT landing inside the Pool's constructor (the
+    pool never reached FramePool, so nobody stopped it) or in a worker not yet ignoring
+    it. The signal is sent from inside the constructor here, after the workers forked."""
+    import multiprocessing as mp
+    from multiprocessing.pool import Pool
+
+    from packer.framepool import FramePool
+    from packer.imageops import ResizeSpec
+
+    real = Pool._repopulate_pool
+
+    def then_ctrl_c(self: Pool):
+        out = real(self)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # Python runs its handler at once unless the signal is held
+        return out
+
+    monkeypatch.setattr(Pool, "_repopulate_pool", then_ctrl_c)
+    frames = FramePool(2, ResizeSpec(224, "squash", 90))
+    paths = sorted(str(p) for p in raw.rglob("rgb/*.jpg"))[:32]
+    with pytest.raises(KeyboardInterrupt):
+        with frames:
+            frames.feed("s", paths)
+    assert frames._pool is not None, "the interrupt landed inside the pool's constructor"
+    assert not frames._pool._terminate.still_active()
+    alive = mp.active_children()
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} worker(s) outlived the interrupt"

@@ -189,7 +189,14 @@ def stop_now(pool: Pool) -> None:
     from the pool's exit finalizer. Seen as a Ctrl-C that hung `packer pack` until
     a second one. The pool's threads are daemons left blocked on its pipes, with
     nothing that joins them; the workers hold nothing the main process needs (they
-    only encode their own inputs) and never the out dir lock."""
+    only encode their own inputs) and never the out dir lock. A Ctrl-C meanwhile
+    (the first one landing here, or a second one) is held until the pool is
+    stopped: cut short, it left the pool's own finalizer to hang at exit."""
+    with interrupts_deferred():
+        _stop(pool)
+
+
+def _stop(pool: Pool) -> None:
     from multiprocessing.pool import TERMINATE
 
     pool._state = TERMINATE  # type: ignore[attr-defined]

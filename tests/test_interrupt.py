@@ -247,3 +247,29 @@ def test_ctrl_c_while_the_pool_is_being_built_is_held_until_it_can_be_stopped(
     for p in alive:
         p.kill()
     assert not alive, f"{len(alive)} worker(s) outlived the interrupt"
+
+
+def test_ctrl_c_while_stop_now_runs_is_held_until_the_pool_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fourth hang of the stress: a Ctrl-C landing while stop_now kills and reaps
+    the workers cut it short before it cancelled the pool's exit finalizer."""
+    import multiprocessing as mp
+    from multiprocessing.process import BaseProcess
+
+    from packer.framepool import stop_now
+
+    pool = mp.get_context("fork").Pool(2)
+    real_kill = BaseProcess.kill
+
+    def kill(self: BaseProcess) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # Python runs its handler at once unless it is held
+        real_kill(self)
+
+    monkeypatch.setattr(BaseProcess, "kill", kill)
+    with pytest.raises(KeyboardInterrupt):
+        stop_now(pool)
+    assert not pool._terminate.still_active(), "cut short: the pool's exit finalizer would still run"
+    alive = mp.active_children()
+    for p in alive:
+        real_kill(p)
+    assert not alive

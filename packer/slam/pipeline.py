@@ -7,11 +7,11 @@ processes where cores allow (each SfM uses `threads` cores)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -390,7 +390,8 @@ def default_jobs(threads: int) -> int:
 
 def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None = None,
                   jobs: int | None = None, isolate: bool = False) -> list[SlamResult]:
-    """Run `slam_session` over `paths`, in `jobs` processes (default: cores // threads).
+    """Run `slam_session` over `paths`, in `jobs` processes (default: cores // threads,
+    fewer where memory is short: packer.slam.workers).
     Results come back in the order of `paths`. `isolate`: worker processes even
     for one job, so that a Ctrl-C stops a reconstruction at once (`packer pack`):
     in this process it would wait until pycolmap's C++ returns, tens of seconds."""
@@ -408,40 +409,17 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
             out[i] = slam_session(p, opts)
             bar.update(1)
     else:
-        _in_processes(dirs, dataclasses.replace(opts, progress=opts.progress and jobs == 1), jobs, out, bar)
+        from packer.slam.workers import run_in_processes
+
+        def failed(i: int, message: str) -> None:
+            out[i] = SlamResult(dirs[i].name, dirs[i], "failed", message=message)
+            bar.update(1)
+
+        def done(i: int, result: SlamResult) -> None:
+            out[i] = result
+            bar.update(1)
+
+        run_in_processes(dirs, functools.partial(slam_session, opts=dataclasses.replace(
+            opts, progress=opts.progress and jobs == 1)), jobs, done, failed)
     bar.close()
     return [out[i] for i in range(len(dirs))]
-
-
-def _in_processes(dirs: list[Path], opts: SlamOptions, jobs: int, out: dict[int, SlamResult], bar: Any) -> None:
-    """slam_session per directory in `jobs` spawned processes. They start with
-    Ctrl-C ignored (a terminal sends it to the whole group: they would print
-    KeyboardInterrupt tracebacks); on an interrupt or any error this process kills
-    them, instead of the executor's shutdown waiting for the running ones."""
-    import multiprocessing as mp
-    import signal
-
-    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec by the spawned workers
-        try:
-            futs = {ex.submit(slam_session, p, opts): i for i, p in enumerate(dirs)}
-        finally:
-            signal.signal(signal.SIGINT, old)
-        for f in as_completed(futs):
-            i = futs[f]
-            try:
-                out[i] = f.result()
-            except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
-                out[i] = SlamResult(dirs[i].name, dirs[i], "failed",
-                                    message=f"session {dirs[i].name}: internal error: {type(e).__name__}: {e}")
-            bar.update(1)
-    except BaseException:
-        workers = list((getattr(ex, "_processes", None) or {}).values())
-        ex.shutdown(wait=False, cancel_futures=True)
-        for w in workers:
-            w.kill()
-        for w in workers:
-            w.join(5)
-        raise
-    ex.shutdown()

@@ -101,9 +101,11 @@ def test_ctrl_c_at_many_points_exits_at_once_and_resumes(raw: Path, tmp_path: Pa
             interrupted += 1
             assert stderr.count("interrupted:") == 1, stderr
             assert stderr.rstrip().endswith("run the same command again to continue"), stderr
-        elif p.returncode == -signal.SIGINT:  # after the summary, in the interpreter's teardown: Python
-            # ends by SIGINT itself then; the pack had finished, so it must have said so, quietly
-            assert "Traceback" not in stderr and "100%" in stderr, (k, stderr)
+        elif p.returncode == -signal.SIGINT:  # Python ended by SIGINT itself (a shell shows 130 for it too):
+            # after the summary, in the interpreter's teardown (the pack had finished and said so), or
+            # after the interrupted line (seen 1 in ~30 at 0.3 s, before and after the pool fixes);
+            # quietly either way
+            assert "Traceback" not in stderr and ("100%" in stderr or stderr.count("interrupted:") == 1), (k, stderr)
         else:  # the signal came as it finished (it is allowed to), or before the CLI ran
             assert p.returncode == 0, (k, p.returncode, stderr)
         consistent(out)

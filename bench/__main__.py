@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-NAMES = ["pack", "pack_memory", "slam", "slam_hard", "upload", "loader", "report"]
+NAMES = ["pack", "pack_memory", "slam", "slam_hard", "upload", "loader", "report", "interrupt"]
 
 
 def main() -> int:

@@ -25,8 +25,9 @@ def test_memory_jobs_fit_the_largest_sessions_in_what_is_available() -> None:
 
 
 def test_estimate_grows_with_the_session_as_measured() -> None:
-    assert estimate_mb(1_800) == pytest.approx(336, rel=0.05)  # 30 s: 301 keyframes, 334 MB peak measured
-    assert estimate_mb(18_000) > 1_500  # a 5-minute session
+    assert estimate_mb(1_800) == pytest.approx(334, rel=0.05)  # 30 s: 301 keyframes, 334 MB peak measured
+    assert estimate_mb(5_400) == pytest.approx(1_067, rel=0.05)  # 90 s: 901 keyframes, 1,067 MB
+    assert estimate_mb(18_000) > 4_000  # a 5-minute session (extrapolated)
     assert estimate_mb(18_000) > estimate_mb(1_800) > estimate_mb(0)
 
 

@@ -1,14 +1,15 @@
 """`packer slam` sessions in spawned worker processes, sized to the memory there is,
 and surviving one that the system kills.
 
-SfM's memory grows with the session: ~0.6 MB per keyframe in GLOMAP's mapping on top
-of ~150 MB (measured: a 30 s session, 301 keyframes, peaks at 334 MB; MB_PER_KEYFRAME,
-BASE_MB), so a 5-minute session needs ~2 GB and four of them at once more than a
-laptop has. The number of processes is cut to what MemAvailable holds
-(`memory_jobs`). Should the out-of-memory killer (SIGKILL) still end a worker, the
-executor breaks for every session it held; each of those is run again alone, and
-only one that is killed alone is failed, with a line saying why and what to do:
-the other sessions are never lost with it."""
+SfM's memory grows faster than the session: peaks measured in GLOMAP's mapping
+stage were 334 MB for 30 s (301 keyframes) and 1,067 MB for 90 s (901 keyframes),
+which a base, a linear and a quadratic term fit (`estimate_mb`; extrapolated, a
+5-minute session needs several GB, so more than one at once does not fit a laptop).
+The number of processes is cut to what MemAvailable holds (`memory_jobs`). Should
+the out-of-memory killer (SIGKILL) still end a worker, the executor breaks for every
+session it held; each of those is run again alone, and only one that is killed
+alone is failed, with a line saying why and what to do: the other sessions are
+never lost with it."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -21,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 BASE_MB = 150.0  # interpreter, pycolmap, OpenCV, the session's own arrays
-MB_PER_KEYFRAME = 0.62  # GLOMAP's mapping and the tracks (a 30 s session: 301 keyframes, 334 MB peak)
+MB_PER_KEYFRAME = 0.41  # fitted with MB_PER_KEYFRAME_SQ through the two measured peaks (module docstring)
+MB_PER_KEYFRAME_SQ = 6.8e-4
 KEYFRAMES_PER_S = 10.0  # keyframe candidates every 0.1 s (SlamOptions.max_keyframe_gap)
 FPS = 60.0  # the app's frame rate, to turn a frame count into seconds
 
 
 def estimate_mb(n_frames: int, fps: float = FPS) -> float:
     """Peak memory of one session's SLAM, from its frame count."""
-    return BASE_MB + MB_PER_KEYFRAME * KEYFRAMES_PER_S * n_frames / max(fps, 1.0)
+    k = KEYFRAMES_PER_S * n_frames / max(fps, 1.0)
+    return BASE_MB + MB_PER_KEYFRAME * k + MB_PER_KEYFRAME_SQ * k * k
 
 
 def frame_count(session_dir: Path) -> int:

@@ -40,7 +40,7 @@ chi^2 per degree of freedom (the preintegrated motion against the refined poses:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -64,6 +64,11 @@ class VibaOptions:
     accel_bias_rw: float = 1e-3  # m/s^2/sqrt(s), accelerometer bias random walk
     gyro_bias_rw: float = 1e-4  # rad/s/sqrt(s)
     max_iterations: int = 40
+    rolling_shutter: float | None = None  # s, the sensor's readout (row v at (v/H - 1/2) of it after the frame
+    # time); 0: a global shutter; None: estimated (`_estimate_readout`)
+    refine_camera: bool = True  # focal length and k1 solved with the poses (Cal3Bundler = SIMPLE_RADIAL)
+    landmark_prior: float = 10.0  # m, a prior on every point where it starts: keeps a point seen along one ray
+    # (no parallax, a corner on the glove) from making the system singular; ~1e-7 of what one observation weighs
 
 
 @dataclass
@@ -80,6 +85,8 @@ class VibaResult:
     accel_bias: np.ndarray  # (3,) m/s^2, the accelerometer's own sign, first keyframe
     gyro_bias: np.ndarray  # (3,) rad/s
     seconds: float
+    camera: list[float]  # [f, cx, cy, k1] after the solve
+    rolling_shutter: float = 0.0  # s, the readout used (given or estimated)
 
 
 def imu_noise_densities(t: np.ndarray, accel: np.ndarray, gyro: np.ndarray) -> tuple[float, float]:
@@ -95,10 +102,13 @@ def imu_noise_densities(t: np.ndarray, accel: np.ndarray, gyro: np.ndarray) -> t
     return density(accel), density(gyro)
 
 
-def _params(gsam, acc_d: float, gyr_d: float, gravity: np.ndarray, opt: VibaOptions):
-    """PreintegrationCombinedParams with the measured noise and the world's gravity
-    (zero for a gravity-removed accelerometer)."""
+def _params(gsam, acc_d: float, gyr_d: float, gravity: np.ndarray, R_ic: np.ndarray, opt: VibaOptions):
+    """PreintegrationCombinedParams with the measured noise, the world's gravity
+    (zero for a gravity-removed accelerometer) and the IMU's pose in the camera
+    frame (rotation R_ci, no lever arm): the pose variables are the cameras', so the
+    projection factors can share a calibration variable."""
     p = gsam.PreintegrationCombinedParams(np.asarray(gravity, dtype=np.float64))
+    p.setBodyPSensor(gsam.Pose3(gsam.Rot3(np.asarray(R_ic).T), np.zeros(3)))
     f = opt.noise_factor
     p.setAccelerometerCovariance(np.eye(3) * (f * acc_d) ** 2)
     p.setGyroscopeCovariance(np.eye(3) * (f * gyr_d) ** 2)
@@ -142,7 +152,7 @@ class _Problem:
     """What the graph is built from, all in the frame clock and the SfM world."""
 
     key_ts: np.ndarray  # (M,) keyframes inside the IMU span
-    R_wi: np.ndarray  # (M,3,3) initial IMU-to-world rotations
+    R_wc: np.ndarray  # (M,3,3) initial camera-to-world rotations
     p: np.ndarray  # (M,3) initial metric positions
     v: np.ndarray  # (M,3) initial velocities
     points: np.ndarray  # (P,3) initial metric landmarks
@@ -153,13 +163,13 @@ class _Problem:
 
 
 def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarray, params, bias0,
-           camera: list[float], R_ic: np.ndarray, opt: VibaOptions, keep: np.ndarray):
+           camera: list[float], opt: VibaOptions, keep: np.ndarray):
     """The factor graph and initial values (keep: bool per observation)."""
     X, V, B, L = (gsam.symbol_shorthand.X, gsam.symbol_shorthand.V, gsam.symbol_shorthand.B,
                   gsam.symbol_shorthand.L)
     graph, vals = gsam.NonlinearFactorGraph(), gsam.Values()
     for k in range(len(pr.key_ts)):
-        vals.insert(X(k), gsam.Pose3(gsam.Rot3(pr.R_wi[k]), pr.p[k]))
+        vals.insert(X(k), gsam.Pose3(gsam.Rot3(pr.R_wc[k]), pr.p[k]))
         vals.insert(V(k), pr.v[k])
         vals.insert(B(k), bias0)
     graph.add(gsam.PriorFactorPose3(X(0), vals.atPose3(X(0)), gsam.noiseModel.Isotropic.Sigma(6, 1e-6)))
@@ -170,16 +180,25 @@ def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarr
         pim = _preintegrate(gsam, params, bias0, imu_t, acc, gyr, pr.key_ts[k], pr.key_ts[k + 1])
         graph.add(gsam.CombinedImuFactor(X(k), V(k), X(k + 1), V(k + 1), B(k), B(k + 1), pim))
     f, cx, cy, k1 = (list(camera) + [0.0] * 4)[:4]
-    K = gsam.Cal3DS2(f, f, 0.0, cx, cy, k1, 0.0, 0.0, 0.0)
+    K = gsam.Cal3Bundler(f, k1, 0.0, cx, cy)  # COLMAP's SIMPLE_RADIAL: u = cx + f (1 + k1 r^2) x
     noise = gsam.noiseModel.Robust.Create(gsam.noiseModel.mEstimator.Huber.Create(opt.huber_k),
                                           gsam.noiseModel.Isotropic.Sigma(2, opt.pixel_sigma))
-    body_P_cam = gsam.Pose3(gsam.Rot3(R_ic), np.zeros(3))
+    K_fixed = gsam.Cal3DS2(f, f, 0.0, cx, cy, k1, 0.0, 0.0, 0.0)  # the same model, held
+    C = gsam.symbol_shorthand.K(0)
+    if opt.refine_camera:  # f and k1 free (loose priors), k2 held at 0 (SIMPLE_RADIAL has none)
+        vals.insert(C, K)
+        graph.add(gsam.PriorFactorCal3Bundler(C, K, gsam.noiseModel.Diagonal.Sigmas(
+            np.array([0.05 * f, 0.05, 1e-6]))))
     used = np.unique(pr.obs_pt[keep])
+    weak = gsam.noiseModel.Isotropic.Sigma(3, opt.landmark_prior)
     for j in used:
         vals.insert(L(int(j)), pr.points[j])
+        graph.add(gsam.PriorFactorPoint3(L(int(j)), pr.points[j], weak))
     for kf, pt, xy in zip(pr.obs_kf[keep], pr.obs_pt[keep], pr.obs_xy[keep]):
-        graph.add(gsam.GenericProjectionFactorCal3DS2(xy.astype(np.float64), noise, X(int(kf)), L(int(pt)), K,
-                                                      body_P_cam))
+        if opt.refine_camera:
+            graph.add(gsam.GeneralSFMFactor2Cal3Bundler(xy, noise, X(int(kf)), L(int(pt)), C))
+        else:
+            graph.add(gsam.GenericProjectionFactorCal3DS2(xy, noise, X(int(kf)), L(int(pt)), K_fixed))
     return graph, vals
 
 
@@ -190,21 +209,27 @@ def _solve(gsam, graph, vals, max_iterations: int):
     return gsam.LevenbergMarquardtOptimizer(graph, vals, params).optimize()
 
 
-def _reprojection(gsam, pr: _Problem, res, camera: list[float], R_ic: np.ndarray) -> np.ndarray:
+def _solved_camera(gsam, res, camera: list[float]) -> list[float]:
+    """[f, cx, cy, k1] after the solve (the SfM's when the camera is not refined)."""
+    C = gsam.symbol_shorthand.K(0)
+    if not res.exists(C):
+        return list(camera)
+    K = res.atCal3Bundler(C)
+    return [float(K.fx()), float(K.px()), float(K.py()), float(K.k1())]
+
+
+def _reprojection(gsam, pr: _Problem, res, camera: list[float]) -> np.ndarray:
     """(K,) pixel error of every candidate observation at the solution (inf where its
     landmark is absent or behind the camera)."""
     X, L = gsam.symbol_shorthand.X, gsam.symbol_shorthand.L
-    f, cx, cy, k1 = (list(camera) + [0.0] * 4)[:4]
+    f, cx, cy, k1 = _solved_camera(gsam, res, camera)
     err = np.full(len(pr.obs_kf), np.inf)
-    R_ci = R_ic.T
     poses = [res.atPose3(X(k)) for k in range(len(pr.key_ts))]
     Rs = np.stack([P.rotation().matrix() for P in poses])
     ts = np.stack([P.translation() for P in poses])
     have = np.array([res.exists(L(int(j))) for j in range(len(pr.points))])
     pts = np.stack([res.atPoint3(L(int(j))) if have[j] else np.zeros(3) for j in range(len(pr.points))])
-    # camera frame: R_ci (R_wi^T (P - p))
-    d = pts[pr.obs_pt] - ts[pr.obs_kf]
-    pc = np.einsum("ij,nj->ni", R_ci, np.einsum("nji,nj->ni", Rs[pr.obs_kf], d))
+    pc = np.einsum("nji,nj->ni", Rs[pr.obs_kf], pts[pr.obs_pt] - ts[pr.obs_kf])  # camera frame: R_wc^T (P - p)
     ok = have[pr.obs_pt] & (pc[:, 2] > 1e-6)
     uv = pc[:, :2] / np.where(ok, pc[:, 2], 1.0)[:, None]
     r2 = np.sum(uv**2, axis=1)
@@ -213,8 +238,23 @@ def _reprojection(gsam, pr: _Problem, res, camera: list[float], R_ic: np.ndarray
     return err
 
 
+def rolling_shutter_correct(xy: np.ndarray, omega_c: np.ndarray, camera: list[float], readout: float) -> np.ndarray:
+    """Observations moved to where a global shutter at the frame time would have seen
+    them: row v is read (v / H - 1/2) * readout after the frame time (H = 2 cy), and
+    in that time the camera turned by omega_c dt (camera frame, from the gyro), which
+    at 3 rad/s and 20 ms is ~25 px. To first order the bearing b' seen then is
+    b = b' + dt omega x b' at the frame time; the translation's share (mm) is left.
+    omega_c: (K,3) per observation."""
+    f, cx, cy = camera[0], camera[1], camera[2]
+    dt = (xy[:, 1] / (2.0 * cy) - 0.5) * readout
+    x, y = (xy[:, 0] - cx) / f, (xy[:, 1] - cy) / f
+    wx, wy, wz = omega_c[:, 0] * dt, omega_c[:, 1] * dt, omega_c[:, 2] * dt
+    X, Y, Z = x + wy - wz * y, y + wz * x - wx, 1.0 + wx * y - wy * x
+    return np.column_stack([cx + f * X / Z, cy + f * Y / Z])
+
+
 def _problem(key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray, model, R_ic: np.ndarray, scale0: float,
-             opt: VibaOptions) -> _Problem:
+             opt: VibaOptions, imu: tuple[np.ndarray, np.ndarray]) -> _Problem:
     """The keyframes inside the IMU span, scaled by `scale0`, and the observations
     of well-tracked points among them (model: an `SfmModel` whose names are the
     keyframes in `key_T`'s order)."""
@@ -224,11 +264,13 @@ def _problem(key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray, model, R
     obs = select_tracks(model.obs_image, model.obs_point, inside, opt.min_track, opt.max_points)
     p = scale0 * key_T[idx, :3, 3]
     v = np.gradient(p, key_ts[idx], axis=0) if len(idx) > 1 else np.zeros_like(p)
-    return _Problem(
-        key_ts=key_ts[idx], R_wi=key_T[idx, :3, :3] @ R_ic.T, p=p, v=v, points=scale0 * model.points_xyz,
-        obs=obs, obs_kf=kf_of_image[model.obs_image[obs]], obs_pt=model.obs_point[obs],
-        obs_xy=model.obs_xy[obs].astype(np.float64),
-    )
+    obs_kf = kf_of_image[model.obs_image[obs]]
+    xy = model.obs_xy[obs].astype(np.float64)
+    if opt.rolling_shutter and len(obs):
+        w = np.stack([np.interp(key_ts[idx], imu[0], imu[1][:, i]) for i in range(3)], axis=1) @ R_ic  # R_ci w
+        xy = rolling_shutter_correct(xy, w[obs_kf], list(model.camera), opt.rolling_shutter)
+    return _Problem(key_ts=key_ts[idx], R_wc=key_T[idx, :3, :3], p=p, v=v, points=scale0 * model.points_xyz,
+                    obs=obs, obs_kf=obs_kf, obs_pt=model.obs_point[obs], obs_xy=xy)
 
 
 def solve_viba(
@@ -254,24 +296,66 @@ def solve_viba(
     inside = (key_ts >= t[0]) & (key_ts <= t[-1])
     if inside.sum() < 4 or not (scale0 > 0):
         raise VibaError(f"only {int(inside.sum())} keyframes inside the IMU recording, or no starting scale")
-    pr = _problem(key_ts, np.asarray(key_T, dtype=np.float64), inside, model, np.asarray(R_ic), scale0, opt)
-    if len(pr.obs) < 30:
-        raise VibaError(f"only {len(pr.obs)} observations of points tracked over {opt.min_track}+ keyframes")
     acc_d, gyr_d = imu_noise_densities(t, acc, gyr)
-    params = _params(gsam, acc_d, gyr_d, np.zeros(3) if gravity is None else np.asarray(gravity), opt)
+    params = _params(gsam, acc_d, gyr_d, np.zeros(3) if gravity is None else np.asarray(gravity), R_ic, opt)
     b_acc = np.zeros(3) if accel_bias is None else accel_sign * np.asarray(accel_bias, dtype=np.float64)
     bias0 = gsam.imuBias.ConstantBias(b_acc, np.asarray(gyro_bias, dtype=np.float64))
-    camera = [float(c) for c in model.camera]
+    key_T = np.asarray(key_T, dtype=np.float64)
+
+    def run(o: VibaOptions, passes: int):
+        pr = _problem(key_ts, key_T, inside, model, np.asarray(R_ic), scale0, o,
+                      (t, gyr - np.asarray(gyro_bias, dtype=np.float64)))
+        if len(pr.obs) < 30:
+            raise VibaError(f"only {len(pr.obs)} observations of points tracked over {o.min_track}+ keyframes")
+        return (pr, *_passes(gsam, pr, t, acc, gyr, params, bias0, [float(c) for c in model.camera], o, passes))
+
+    if opt.rolling_shutter is None:
+        opt = replace(opt, rolling_shutter=_estimate_readout(run, opt))
+    pr, graph, res, keep = run(opt, 2)
+    out = _result(gsam, graph, res, pr, key_ts, key_T, inside, [float(c) for c in model.camera], keep, t0)
+    return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0))
+
+
+READOUTS = (0.0, 0.01, 0.02, 0.03, 0.04)  # s, the rolling-shutter readouts tried (phones: ~10-30 ms)
+
+
+def _estimate_readout(run, opt: VibaOptions) -> float:
+    """The readout whose corrected observations fit best (visual chi^2 of a quick
+    one-pass solve on the longest tracks), refined by a parabola through the best
+    and its neighbours. A wrong readout costs: 20 ms assumed on a global shutter
+    moved a fast session's scale by 1%, none where there is one by 0.8-2.5%."""
+    quick = replace(opt, max_points=min(opt.max_points, 400), max_iterations=10)
+    cost = []
+    for rs in READOUTS:
+        _pr, graph, res, _keep = run(replace(quick, rolling_shutter=rs), 1)
+        _imu, vis, _tot, rows = _chi2(graph, res)
+        cost.append(vis / max(rows, 1))
+    k = int(np.argmin(cost))
+    best = READOUTS[k]
+    if 0 < k < len(READOUTS) - 1:
+        c0, c1, c2 = cost[k - 1], cost[k], cost[k + 1]
+        den = c0 - 2 * c1 + c2
+        if den > 0:
+            best += float(np.clip(0.5 * (c0 - c2) / den, -0.5, 0.5)) * (READOUTS[1] - READOUTS[0])
+    return float(best)
+
+
+def _passes(gsam, pr: _Problem, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray, params, bias0,
+            camera: list[float], opt: VibaOptions, passes: int):
+    """(graph, solution, kept observations): a robust solve, then (passes = 2) again
+    without the observations it left more than `outlier_px` off."""
     keep = np.ones(len(pr.obs), dtype=bool)
-    graph, vals = _build(gsam, pr, t, acc, gyr, params, bias0, camera, np.asarray(R_ic), opt, keep)
+    graph, vals = _build(gsam, pr, t, acc, gyr, params, bias0, camera, opt, keep)
     res = _solve(gsam, graph, vals, opt.max_iterations)
-    err = _reprojection(gsam, pr, res, camera, np.asarray(R_ic))
+    if passes < 2:
+        return graph, res, keep
+    err = _reprojection(gsam, pr, res, camera)
     keep = err < opt.outlier_px
-    graph, vals = _build(gsam, pr, t, acc, gyr, params, bias0, camera, np.asarray(R_ic), opt, keep)
-    vals = _warm_start(gsam, vals, res)
-    res = _solve(gsam, graph, vals, opt.max_iterations)
-    return _result(gsam, graph, res, pr, key_ts, np.asarray(key_T, dtype=np.float64), inside, np.asarray(R_ic),
-                   camera, keep, t0)
+    counts = np.bincount(pr.obs_pt[keep], minlength=len(pr.points))
+    keep &= counts[pr.obs_pt] >= opt.min_track  # a point left with fewer keyframes is dropped whole
+    graph, vals = _build(gsam, pr, t, acc, gyr, params, bias0, camera, opt, keep)
+    res = _solve(gsam, graph, _warm_start(gsam, vals, res), opt.max_iterations)
+    return graph, res, keep
 
 
 def _warm_start(gsam, vals, res):
@@ -286,6 +370,8 @@ def _warm_start(gsam, vals, res):
             out.insert(key, src.atVector(key))
         elif ch == "B":
             out.insert(key, src.atConstantBias(key))
+        elif ch == "K":
+            out.insert(key, src.atCal3Bundler(key))
         else:
             out.insert(key, src.atPoint3(key))
     return out
@@ -301,7 +387,7 @@ def _chi2(graph, res) -> tuple[float, float, float, int]:
         name = type(f).__name__
         if "CombinedImu" in name:
             imu += e
-        elif "Projection" in name:
+        elif "Projection" in name or "SFMFactor" in name:
             vis += e
             rows += 2
     return imu, vis, imu + vis, rows
@@ -316,44 +402,39 @@ def _scale_std(gsam, graph, res, pr: _Problem, centres: np.ndarray, birge: float
     den = float(np.sum(c**2))
     keys = [X(k) for k in range(len(pr.key_ts))]
     jm = gsam.Marginals(graph, res).jointMarginalCovariance(gsam.KeyVector(keys))
-    w = []
+    w = np.zeros((len(keys), 6))  # GTSAM's Pose3 tangent: (rotation, body-frame translation)
     for k in range(len(keys)):
-        Rk = res.atPose3(keys[k]).rotation().matrix()
-        wk = np.zeros(6)
-        wk[3:] = Rk.T @ c[k] / den
-        w.append(wk)
-    var = 0.0
-    for i, ki in enumerate(keys):
-        for j, kj in enumerate(keys):
-            var += float(w[i] @ jm.at(ki, kj) @ w[j])
+        w[k, 3:] = res.atPose3(keys[k]).rotation().matrix().T @ c[k] / den
+    w = w.reshape(-1)
+    var = float(w @ jm.fullMatrix() @ w)  # fullMatrix's blocks follow `keys`' order
     return float(np.sqrt(max(var, 0.0) * max(birge, 1.0)))
 
 
 def _result(gsam, graph, res, pr: _Problem, key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray,
-            R_ic: np.ndarray, camera: list[float], keep: np.ndarray, t0: float) -> VibaResult:
+            camera: list[float], keep: np.ndarray, t0: float) -> VibaResult:
     """Poses, scale, its std and the consistency numbers from the solved graph."""
     X, B = gsam.symbol_shorthand.X, gsam.symbol_shorthand.B
     n = len(pr.key_ts)
-    Rwi = np.stack([res.atPose3(X(k)).rotation().matrix() for k in range(n)])
+    Rwc = np.stack([res.atPose3(X(k)).rotation().matrix() for k in range(n)])
     p = np.stack([res.atPose3(X(k)).translation() for k in range(n)])
     centres = key_T[inside, :3, 3]
     s, R, tt = umeyama(centres, p)
     T = key_T.copy()  # keyframes outside the IMU span: the SfM pose through the fitted similarity
     T[:, :3, :3] = R @ key_T[:, :3, :3]
     T[:, :3, 3] = s * key_T[:, :3, 3] @ R.T + tt
-    T[inside, :3, :3] = Rwi @ R_ic
+    T[inside, :3, :3] = Rwc
     T[inside, :3, 3] = p
     imu, vis, total, rows = _chi2(graph, res)
     n_pts = len(np.unique(pr.obs_pt[keep]))
     dof = max(15 * (n - 1) + rows - (15 * n + 3 * n_pts - 15), 1)
     birge = total / dof
     std = _scale_std(gsam, graph, res, pr, centres, birge)
-    err = _reprojection(gsam, pr, res, camera, R_ic)[keep]
+    err = _reprojection(gsam, pr, res, camera)[keep]
     bias = res.atConstantBias(B(0))
     return VibaResult(
         T_wc=T, scale=float(s), rel_std=std / float(s), imu_chi2=imu / max(15 * (n - 1), 1),
         visual_chi2=vis / max(rows, 1), reprojection_rms=float(np.sqrt(np.mean(err**2))) if len(err) else np.inf,
         inlier_fraction=float(keep.mean()) if len(keep) else 0.0, n_points=n_pts, n_observations=int(keep.sum()),
         accel_bias=np.asarray(bias.accelerometer()), gyro_bias=np.asarray(bias.gyroscope()),
-        seconds=time.perf_counter() - t0,
+        seconds=time.perf_counter() - t0, camera=_solved_camera(gsam, res, camera),
     )

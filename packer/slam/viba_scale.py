@@ -1,0 +1,116 @@
+"""`--scale imu --solver viba`: the metric scale and refined keyframe poses from the
+visual-inertial bundle adjustment (`packer.slam.viba`), with its refusals.
+
+Kept apart from `scale_methods` (the windowed solve's path) because this path
+differs in what it trusts: the gyro-vs-SfM disagreement is not a refusal here (the
+bundle adjustment straightens the rotations with the gyro); instead the solved
+graph must be consistent (the IMU factors' chi^2, the share of observations kept)
+and the marginal std small enough."""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer.session import Imu, Session
+from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale
+from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
+
+if TYPE_CHECKING:
+    from packer.slam.colmap import SfmModel
+    from packer.slam.options import SlamOptions
+
+
+def keyframe_structure(model: SfmModel, names: list[str]) -> SfmModel:
+    """The model with its observations re-indexed to `names` (the registered
+    keyframes in time order, the order of the poses the pipeline passes on);
+    observations of images not in `names` are dropped."""
+    where = {n: i for i, n in enumerate(names)}
+    to_key = np.array([where.get(n, -1) for n in model.names], dtype=np.int64)
+    kf = to_key[model.obs_image] if len(model.obs_image) else np.zeros(0, np.int64)
+    ok = kf >= 0
+    return dataclasses.replace(model, obs_image=kf[ok].astype(np.int32), obs_point=model.obs_point[ok],
+                               obs_xy=model.obs_xy[ok])
+
+
+def _start(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, offset: float, R_ic: np.ndarray,
+           gyro_bias: np.ndarray, opt: ScaleOptions) -> ScaleResult:
+    """The windowed solve with its refusals off: only its estimate is wanted (scale,
+    accelerometer sign and bias, gravity), as the bundle adjustment's start."""
+    relaxed = dataclasses.replace(opt, max_rel_std=np.inf, min_explained=-np.inf, min_excitation=0.0)
+    return solve_scale(key_ts, key_T[:, :3, 3], key_T[:, :3, :3], imu.t, imu.accel, imu.gyro, offset=offset,
+                       R_ic=R_ic, gyro_bias=gyro_bias, options=relaxed)
+
+
+def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
+               model: SfmModel, names: list[str]) -> tuple[float, bool, dict[str, Any]]:
+    """(scale, metric, metadata fields with "keyframe_poses") or the session's error."""
+    try:
+        al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+    except AlignmentError as e:
+        raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+    try:
+        sr = _start(key_ts, key_T, imu, al.offset, al.R_ic, al.gyro_bias, opts.scale_options)
+    except ScaleRefused as e:
+        raise session.error("imu.json", f"scale refused: {e}") from None
+    if sr.excitation < opts.scale_options.min_excitation or not sr.scale > 0:
+        raise session.error("imu.json", f"scale not observable: the IMU sees only {sr.excitation:.3f} m/s^2 RMS "
+                            "motion acceleration; move the gripper through space while recording, or use --scale "
+                            "marker / known-distance")
+    gravity = None if sr.gravity is None else np.asarray(sr.gravity) * sr.scale  # SfM units/s^2 -> m/s^2
+    try:
+        r = solve_viba(key_ts, key_T, keyframe_structure(model, names), imu.t, imu.accel, imu.gyro,
+                       offset=al.offset, R_ic=al.R_ic, gyro_bias=al.gyro_bias, scale0=sr.scale,
+                       accel_sign=sr.accel_sign, accel_bias=None if sr.accel_bias is None else np.asarray(sr.accel_bias),
+                       gravity=gravity, options=VibaOptions(max_points=opts.viba_max_points))
+    except (VibaError, RuntimeError) as e:  # RuntimeError: GTSAM's (an indeterminate system)
+        raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}"
+                            ) from None
+    _check(session, opts, r)
+    return r.scale, True, {
+        "keyframe_poses": r.T_wc,
+        "solver": "viba",
+        "imu_offset": al.offset,
+        "imu_lag": al.offset - float(imu.t[0]),
+        "R_imu_cam": al.R_ic.tolist(),
+        "gyro_bias": r.gyro_bias.tolist(),
+        "accel_bias": r.accel_bias.tolist(),
+        "gyro_residual": al.residual,
+        "rotation_rms": al.rotation_rms,
+        "gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),  # of the SfM model, before the VI-BA
+        "scale_rel_std": r.rel_std,
+        "scale_start": sr.scale,
+        "accel_mode": sr.accel_mode,
+        "accel_sign": sr.accel_sign,
+        "excitation": sr.excitation,
+        "viba_imu_chi2": r.imu_chi2,
+        "viba_visual_chi2": r.visual_chi2,
+        "viba_reprojection_rms": r.reprojection_rms,
+        "viba_inliers": r.inlier_fraction,
+        "viba_points": r.n_points,
+        "viba_camera": r.camera,
+        "viba_seconds": r.seconds,
+        "confidence": float(np.clip(1.0 - r.rel_std / opts.scale_options.max_rel_std, 0.0, 1.0)),
+    }
+
+
+def _check(session: Session, opts: SlamOptions, r: VibaResult) -> None:
+    """Refuse a solved graph that is inconsistent, or a scale it leaves uncertain."""
+    if r.imu_chi2 > opts.viba_max_imu_chi2 or r.inlier_fraction < opts.viba_min_inliers:
+        raise session.error(
+            "rgb/",
+            f"poses refused: after the visual-inertial bundle adjustment the images and the IMU still disagree "
+            f"(IMU chi^2/dof {r.imu_chi2:.2f}, need <= {opts.viba_max_imu_chi2:g}; {r.inlier_fraction:.0%} of the "
+            f"observations fit, need {opts.viba_min_inliers:.0%}): part of the model is wrong (sliding features on "
+            "plain surfaces, blur, a rolling shutter at fast turns). Record with more texture and light in view, "
+            "and turn more slowly",
+        )
+    max_std = opts.scale_options.max_rel_std
+    if not r.rel_std <= max_std:
+        raise session.error(
+            "imu.json",
+            f"scale poorly constrained: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {max_std:.0%}) after the "
+            "visual-inertial bundle adjustment; record with more translation or use --scale marker / known-distance",
+        )

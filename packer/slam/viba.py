@@ -39,7 +39,11 @@ chi^2 per degree of freedom (the preintegrated motion against the refined poses:
 ~1 for a consistent model), the reprojection RMS and share of inliers."""
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -59,11 +63,18 @@ class VibaOptions:
     huber_k: float = 1.345  # in sigmas: beyond it an observation's weight falls off
     outlier_px: float = 4.0  # observations further off after the first pass are dropped
     min_track: int = 3  # a point must be seen by this many keyframes (2-view points are weakly placed)
-    max_points: int = 3000  # longest tracks first (cost grows with them; the scale needs far fewer)
+    max_points: int = 1500  # longest tracks first (3000: 2-3x the time, the same scale within 0.01%)
     noise_factor: float = 2.0  # IMU white noise measured from the samples, times this (unmodelled effects)
     accel_bias_rw: float = 1e-3  # m/s^2/sqrt(s), accelerometer bias random walk
     gyro_bias_rw: float = 1e-4  # rad/s/sqrt(s)
-    max_iterations: int = 40
+    max_iterations: int = 15
+    max_imu_chi2: float = 2.0  # refuse above: the IMU factors' chi^2/dof (consistent models: 0.02-1.2, a broken
+    # one: thousands; a 1-2 deg error in the camera-IMU rotation alone gives ~1)
+    max_gyro_disagreement: float = 0.5  # refuse before solving above: the SfM rotations' gyro residual over the
+    # rotation rate (0.1-0.23 on distorted models the solve repaired; ~1 on a model that is wrong, not distorted)
+    min_inliers: float = 0.8  # refuse when fewer observations survive the outlier pass
+    model_factor: float = 0.06  # the std gets this times the SfM's gyro disagreement above gyro_noise_floor (in
+    # quadrature): what a distorted input model leaves in the scale after the bundle adjustment
     rolling_shutter: float | None = None  # s, the sensor's readout (row v at (v/H - 1/2) of it after the frame
     # time); 0: a global shutter; None: estimated (`_estimate_readout`)
     refine_camera: bool = True  # focal length and k1 solved with the poses (Cal3Bundler = SIMPLE_RADIAL)
@@ -202,11 +213,30 @@ def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarr
     return graph, vals
 
 
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """GTSAM's projection factors print every cheirality exception (a point behind a
+    camera while LM tries a step) to the C++ stdout: thousands of lines on a bad
+    model, which would bury the CLI's one-line answer. The solve's file descriptor 1
+    goes to /dev/null meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(null)
+        os.close(saved)
+
+
 def _solve(gsam, graph, vals, max_iterations: int):
     params = gsam.LevenbergMarquardtParams()
     params.setMaxIterations(max_iterations)
-    params.setRelativeErrorTol(1e-6)
-    return gsam.LevenbergMarquardtOptimizer(graph, vals, params).optimize()
+    params.setRelativeErrorTol(_TOL)
+    with _quiet_stdout():
+        return gsam.LevenbergMarquardtOptimizer(graph, vals, params).optimize()
 
 
 def _solved_camera(gsam, res, camera: list[float]) -> list[float]:
@@ -316,6 +346,7 @@ def solve_viba(
     return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0))
 
 
+_TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)
 READOUTS = (0.0, 0.01, 0.02, 0.03, 0.04)  # s, the rolling-shutter readouts tried (phones: ~10-30 ms)
 
 
@@ -324,7 +355,7 @@ def _estimate_readout(run, opt: VibaOptions) -> float:
     one-pass solve on the longest tracks), refined by a parabola through the best
     and its neighbours. A wrong readout costs: 20 ms assumed on a global shutter
     moved a fast session's scale by 1%, none where there is one by 0.8-2.5%."""
-    quick = replace(opt, max_points=min(opt.max_points, 400), max_iterations=10)
+    quick = replace(opt, max_points=min(opt.max_points, 300), max_iterations=8)
     cost = []
     for rs in READOUTS:
         _pr, graph, res, _keep = run(replace(quick, rolling_shutter=rs), 1)
@@ -405,8 +436,7 @@ def _scale_std(gsam, graph, res, pr: _Problem, centres: np.ndarray, birge: float
     w = np.zeros((len(keys), 6))  # GTSAM's Pose3 tangent: (rotation, body-frame translation)
     for k in range(len(keys)):
         w[k, 3:] = res.atPose3(keys[k]).rotation().matrix().T @ c[k] / den
-    w = w.reshape(-1)
-    var = float(w @ jm.fullMatrix() @ w)  # fullMatrix's blocks follow `keys`' order
+    var = float(w.reshape(-1) @ jm.fullMatrix() @ w.reshape(-1))  # fullMatrix's blocks follow `keys`' order
     return float(np.sqrt(max(var, 0.0) * max(birge, 1.0)))
 
 

@@ -347,7 +347,7 @@ def solve_viba(
 
 
 _TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)
-READOUTS = (0.0, 0.01, 0.02, 0.03, 0.04)  # s, the rolling-shutter readouts tried (phones: ~10-30 ms)
+READOUTS = (0.0, 0.012, 0.024, 0.036)  # s, the rolling-shutter readouts tried (phones: ~10-30 ms)
 
 
 def _estimate_readout(run, opt: VibaOptions) -> float:

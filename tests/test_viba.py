@@ -17,8 +17,7 @@ import pytest
 from packer.effects import PROFILES
 from packer.slam.colmap import SfmModel
 from packer.slam.rotations import so3_exp
-from packer.slam.viba import rolling_shutter_correct
-from packer.slam.viba_scale import keyframe_structure
+from packer.slam.viba_inputs import keyframe_structure, rolling_shutter_correct
 from packer.synth import synth_session, truth
 from tests.test_slam_hard import REASONS, _errors
 

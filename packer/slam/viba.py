@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.slam.rotations import umeyama
+from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
 
 GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2), as in `packer.slam.scale`
 
@@ -100,17 +101,6 @@ class VibaResult:
     rolling_shutter: float = 0.0  # s, the readout used (given or estimated)
 
 
-def imu_noise_densities(t: np.ndarray, accel: np.ndarray, gyro: np.ndarray) -> tuple[float, float]:
-    """(accel m/s^2/sqrt(Hz), gyro rad/s/sqrt(Hz)) white-noise densities measured on
-    the samples' second differences (the motion is smooth at 100-200 Hz, the noise is
-    not), so the preintegration's covariance follows the phone rather than a guess."""
-    dt = float(np.median(np.diff(t)))
-
-    def density(x: np.ndarray) -> float:
-        per_axis = float(np.mean(np.diff(x, 2, axis=0) ** 2)) / 6.0
-        return float(np.sqrt(per_axis * dt))
-
-    return density(accel), density(gyro)
 
 
 def _params(gsam, acc_d: float, gyr_d: float, gravity: np.ndarray, R_ic: np.ndarray, opt: VibaOptions):
@@ -144,18 +134,6 @@ def _preintegrate(gsam, params, bias, t: np.ndarray, acc: np.ndarray, gyr: np.nd
     return pim
 
 
-def select_tracks(obs_image: np.ndarray, obs_point: np.ndarray, keep_images: np.ndarray, min_track: int,
-                  max_points: int) -> np.ndarray:
-    """Indices of the observations to use: those in `keep_images` (bool per image) of
-    points seen there at least `min_track` times, the longest tracks first up to
-    `max_points` (long tracks tie distant keyframes, which is what carries the scale)."""
-    use = keep_images[obs_image]
-    counts = np.bincount(obs_point[use], minlength=int(obs_point.max(initial=-1)) + 1)
-    order = np.argsort(-counts, kind="stable")
-    chosen = order[counts[order] >= min_track][:max_points]
-    pick = np.zeros(len(counts), dtype=bool)
-    pick[chosen] = True
-    return np.nonzero(use & pick[obs_point])[0]
 
 
 @dataclass
@@ -268,19 +246,6 @@ def _reprojection(gsam, pr: _Problem, res, camera: list[float]) -> np.ndarray:
     return err
 
 
-def rolling_shutter_correct(xy: np.ndarray, omega_c: np.ndarray, camera: list[float], readout: float) -> np.ndarray:
-    """Observations moved to where a global shutter at the frame time would have seen
-    them: row v is read (v / H - 1/2) * readout after the frame time (H = 2 cy), and
-    in that time the camera turned by omega_c dt (camera frame, from the gyro), which
-    at 3 rad/s and 20 ms is ~25 px. To first order the bearing b' seen then is
-    b = b' + dt omega x b' at the frame time; the translation's share (mm) is left.
-    omega_c: (K,3) per observation."""
-    f, cx, cy = camera[0], camera[1], camera[2]
-    dt = (xy[:, 1] / (2.0 * cy) - 0.5) * readout
-    x, y = (xy[:, 0] - cx) / f, (xy[:, 1] - cy) / f
-    wx, wy, wz = omega_c[:, 0] * dt, omega_c[:, 1] * dt, omega_c[:, 2] * dt
-    X, Y, Z = x + wy - wz * y, y + wz * x - wx, 1.0 + wx * y - wy * x
-    return np.column_stack([cx + f * X / Z, cy + f * Y / Z])
 
 
 def _problem(key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray, model, R_ic: np.ndarray, scale0: float,

@@ -17,22 +17,13 @@ from packer.session import Imu, Session
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale
 from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
+from packer.slam.viba_inputs import keyframe_structure
 
 if TYPE_CHECKING:
     from packer.slam.colmap import SfmModel
     from packer.slam.options import SlamOptions
 
 
-def keyframe_structure(model: SfmModel, names: list[str]) -> SfmModel:
-    """The model with its observations re-indexed to `names` (the registered
-    keyframes in time order, the order of the poses the pipeline passes on);
-    observations of images not in `names` are dropped."""
-    where = {n: i for i, n in enumerate(names)}
-    to_key = np.array([where.get(n, -1) for n in model.names], dtype=np.int64)
-    kf = to_key[model.obs_image] if len(model.obs_image) else np.zeros(0, np.int64)
-    ok = kf >= 0
-    return dataclasses.replace(model, obs_image=kf[ok].astype(np.int32), obs_point=model.obs_point[ok],
-                               obs_xy=model.obs_xy[ok])
 
 
 def _start(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, offset: float, R_ic: np.ndarray,

@@ -74,7 +74,7 @@ class VibaOptions:
     max_gyro_disagreement: float = 0.5  # refuse before solving above: the SfM rotations' gyro residual over the
     # rotation rate (0.1-0.23 on distorted models the solve repaired; ~1 on a model that is wrong, not distorted)
     min_inliers: float = 0.8  # refuse when fewer observations survive the outlier pass
-    model_factor: float = 0.06  # the std gets this times the SfM's gyro disagreement above gyro_noise_floor (in
+    model_factor: float = 0.08  # the std gets this times the SfM's gyro disagreement above gyro_noise_floor (in
     # quadrature): what a distorted input model leaves in the scale after the bundle adjustment
     rolling_shutter: float | None = None  # s, the sensor's readout (row v at (v/H - 1/2) of it after the frame
     # time); 0: a global shutter; None: estimated (`_estimate_readout`)

@@ -60,7 +60,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         raise session.error("imu.json", f"scale not observable: the IMU sees only {sr.excitation:.3f} m/s^2 RMS "
                             "motion acceleration; move the gripper through space while recording, or use --scale "
                             "marker / known-distance")
-    gravity = None if sr.gravity is None else np.asarray(sr.gravity) * sr.scale  # SfM units/s^2 -> m/s^2
+    gravity = None if sr.gravity is None else np.asarray(sr.gravity)  # m/s^2 along the SfM axes (raw accel only)
     b_acc = None if sr.accel_bias is None else np.asarray(sr.accel_bias)
     try:
         r = solve_viba(key_ts, key_T, keyframe_structure(model, names), imu.t, imu.accel, imu.gyro,

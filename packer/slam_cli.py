@@ -30,6 +30,9 @@ from shardship.units import plural
                    "Nth frame (default 3). The other frames are interpolated")
 @click.option("--scale", "scale_method", type=click.Choice(["imu", "marker", "known-distance", "none"]),
               default=None, help="metric scale from the IMU (default), an ArUco marker, a known distance, or none")
+@click.option("--solver", type=click.Choice(["window", "viba"]), default=None,
+              help="--scale imu: window (default: accelerometer least squares on the SfM trajectory) or viba "
+                   "(visual-inertial bundle adjustment: refines poses, structure and camera with the IMU)")
 @click.option("--marker-size", type=float, default=None, help="ArUco marker side length in metres (--scale marker)")
 @click.option("--marker-dict", default=None, help="ArUco dictionary (default DICT_4X4_50)")
 @click.option("--known-distance", default=None, metavar="A:B:METRES",
@@ -43,20 +46,21 @@ from shardship.units import plural
 @click.option("--force", is_flag=True, default=False, help="recompute even when cached")
 @click.option("--quiet", is_flag=True, default=False, help="no progress bars")
 def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapper: str | None,
-         frontend: str | None, keyframe_step: int | None, scale_method: str | None, marker_size: float | None,
+         frontend: str | None, keyframe_step: int | None, scale_method: str | None, solver: str | None,
+         marker_size: float | None,
          marker_dict: str | None, known_distance: str | None, mask: str | None, plot: bool, jobs: int | None,
          threads: int | None, force: bool, quiet: bool) -> None:
     """Camera poses in metres for each session: pycolmap SfM + IMU scale calibration."""
     try:
-        code = _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
-                    known_distance, mask, plot, jobs, threads, force, quiet)
+        code = _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, solver, marker_size,
+                    marker_dict, known_distance, mask, plot, jobs, threads, force, quiet)
     except ShardshipError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(int(e.code))
     sys.exit(code)
 
 
-def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, marker_size, marker_dict,
+def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, solver, marker_size, marker_dict,
          known_distance, mask, plot, jobs, threads, force, quiet) -> int:
     from packer.session import discover
     from packer.slam import SlamOptions, slam_sessions
@@ -65,7 +69,7 @@ def _run(raw, only, config_path, mapper, frontend, keyframe_step, scale_method, 
     cfg = load_config(config_path)
     opts = SlamOptions.from_config(
         cfg.slam, cfg.scale, mapper=mapper, frontend=frontend, keyframe_step=keyframe_step, scale=scale_method,
-        marker_size=marker_size, marker_dict=marker_dict, known_distance=known_distance, mask=mask,
+        solver=solver, marker_size=marker_size, marker_dict=marker_dict, known_distance=known_distance, mask=mask,
         threads=threads, plot=plot or None, force=force or None, progress=False if quiet else None,
     )
     opts.validate()

@@ -65,6 +65,12 @@ class SfmModel:
     median_features: float = 0.0
     camera: list[float] = field(default_factory=list)  # the camera's model parameters after bundle adjustment
     frontend_note: str = ""  # set when another front-end than the one asked for made this model
+    # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points
+    # (P,3) and every observation as (image index into names, point index, pixel x, y) in (K,) / (K,2) arrays
+    points_xyz: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    obs_image: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    obs_point: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    obs_xy: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
 
     def camera_to_world(self) -> np.ndarray:
         """(M,4,4) camera-to-world poses (the inverse of COLMAP's cam_from_world)."""
@@ -310,12 +316,25 @@ def _to_model(rec) -> SfmModel:
     R = np.stack([np.asarray(img.cam_from_world().rotation.matrix()) for _, img in items])
     t = np.stack([np.asarray(img.cam_from_world().translation) for _, img in items])
     depths = []
-    for _, img in items:
+    pid_index: dict[int, int] = {}
+    xyz: list[np.ndarray] = []
+    obs_i: list[int] = []
+    obs_p: list[int] = []
+    obs_xy: list[np.ndarray] = []
+    for i, (_, img) in enumerate(items):
         cfw = img.cam_from_world()
         Rm, tv = np.asarray(cfw.rotation.matrix()), np.asarray(cfw.translation)
-        pts = [rec.points3D[p.point3D_id].xyz for p in img.points2D if p.has_point3D()]
+        seen = [p for p in img.points2D if p.has_point3D()]
+        pts = [rec.points3D[p.point3D_id].xyz for p in seen]
         if pts:
             depths.append(np.median((np.asarray(pts) @ Rm.T + tv)[:, 2]))
+        for p, x in zip(seen, pts):
+            j = pid_index.setdefault(int(p.point3D_id), len(pid_index))
+            if j == len(xyz):
+                xyz.append(np.asarray(x, dtype=np.float64))
+            obs_i.append(i)
+            obs_p.append(j)
+            obs_xy.append(np.asarray(p.xy, dtype=np.float32))
     return SfmModel(
         names=names,
         R_cw=R,
@@ -323,6 +342,10 @@ def _to_model(rec) -> SfmModel:
         reprojection_error=float(rec.compute_mean_reprojection_error()),
         n_points=int(rec.num_points3D()),
         median_depth=float(np.median(depths)) if depths else float("nan"),
+        points_xyz=np.asarray(xyz, dtype=np.float64).reshape(-1, 3),
+        obs_image=np.asarray(obs_i, dtype=np.int32),
+        obs_point=np.asarray(obs_p, dtype=np.int32),
+        obs_xy=np.asarray(obs_xy, dtype=np.float32).reshape(-1, 2),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from packer.slam.colmap import FRONTENDS, MAPPERS, SfmOptions
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.scale import ScaleOptions
-from packer.slam.scale_methods import SCALE_METHODS
+from packer.slam.scale_methods import SCALE_METHODS, SOLVERS
 from shardship.errors import ShardshipError
 
 
@@ -48,6 +48,10 @@ class SlamOptions:
     # quadrature): a distorted model's scale error grows with it (6% disagreement: 3-4% scale error on
     # low-texture sessions; good models sit at 1-1.5%, what gyro noise and a rolling shutter leave)
     gyro_noise_floor: float = 0.015
+    solver: str = "window"  # --scale imu: "window" (accelerometer least squares on the SfM trajectory) | "viba"
+    # (visual-inertial bundle adjustment, GTSAM: poses, landmarks, camera and scale solved with the IMU;
+    # bench/results/viba.md)
+    rolling_shutter: float | None = None  # viba: the sensor's readout in s (0: global shutter); None: estimated
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True
@@ -59,6 +63,10 @@ class SlamOptions:
             raise ShardshipError(f"--scale must be one of {', '.join(SCALE_METHODS)}, got {self.scale!r}")
         if self.frontend not in FRONTENDS:
             raise ShardshipError(f"--frontend must be one of {', '.join(FRONTENDS)}, got {self.frontend!r}")
+        if self.solver not in SOLVERS:
+            raise ShardshipError(f"--solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
+        if self.rolling_shutter is not None and not 0 <= self.rolling_shutter <= 0.1:
+            raise ShardshipError(f"[slam] rolling_shutter must be 0..0.1 s (a readout), got {self.rolling_shutter}")
         if self.keyframe_step is not None and self.keyframe_step < 1:
             raise ShardshipError("--keyframe-step must be >= 1")
         if self.scale == "marker" and not (self.marker_size and self.marker_size > 0):
@@ -76,6 +84,9 @@ class SlamOptions:
         d = dataclasses.asdict(self)
         for k in ("plot", "force", "progress", "threads"):
             d.pop(k)
+        if d["solver"] == "window":  # the windowed solve reads neither: sessions cached before them stay cached
+            d.pop("solver")
+            d.pop("rolling_shutter")
         return d
 
     def sfm_options(self) -> SfmOptions:

@@ -198,14 +198,15 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
             f"need {opts.min_baseline:.1%}), so no method can recover a metric scale; record with more hand "
             "motion, or use --scale none for unscaled poses",
         )
-    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T)
+    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model)
+    refined = extra.pop("keyframe_poses", None)  # --solver viba: the bundle adjustment's metric keyframes
     info.update(extra)
     info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale,
                  "scale_choice": {k: getattr(opts, k) for k in store.SCALE_CHOICE}})
 
     stages("write")
-    T = key_T.copy()
-    T[:, :3, 3] = (centres - centres[0]) * scale
+    T = key_T.copy() if refined is None else refined
+    T[:, :3, 3] = (centres - centres[0]) * scale if refined is None else refined[:, :3, 3] - refined[0, :3, 3]
     poses, flags = interpolate_poses(session.timestamps, key_ts, T)
     info["interpolated_frames"] = int(np.sum(flags == INTERPOLATED))
     info["outside_frames"] = [int(f) for f in session.frames[flags == OUTSIDE]]

@@ -24,21 +24,31 @@ from packer.slam.marker import (
 from packer.slam.scale import ScaleRefused, solve_scale
 
 if TYPE_CHECKING:
+    from packer.slam.colmap import SfmModel
     from packer.slam.options import SlamOptions
 
 SCALE_METHODS = ("imu", "marker", "known-distance", "none")
+SOLVERS = ("window", "viba")  # --scale imu: the windowed accelerometer solve, or the visual-inertial bundle adjustment
 
 ScaleFit = tuple[float, bool, dict[str, Any]]  # (metres per SfM unit, metric?, metadata fields)
 
 
 def metric_scale(
     session: Session, opts: SlamOptions, imu: Imu | None, key_pos: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray,
+    model: SfmModel | None = None,
 ) -> ScaleFit:
-    """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method."""
+    """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method.
+    With `--solver viba` the fields carry "keyframe_poses": the refined metric
+    camera-to-world poses of the keyframes, which replace the scaled SfM ones."""
     if opts.scale == "none":
         return 1.0, False, {}
     if opts.scale == "imu":
         assert imu is not None
+        if opts.solver == "viba" and model is not None:
+            from packer.slam.viba_scale import viba_scale
+
+            names = [session.frame_paths[int(k)].name for k in key_pos]
+            return viba_scale(session, opts, imu, key_ts, key_T, model, names)
         return _imu_scale(session, opts, imu, key_ts, key_T)
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)

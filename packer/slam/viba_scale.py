@@ -1,0 +1,122 @@
+"""`--scale imu --solver viba`: the metric scale and refined keyframe poses from the
+visual-inertial bundle adjustment (`packer.slam.viba`), with its refusals.
+
+Kept apart from `scale_methods` (the windowed solve's path) because this path
+differs in what it trusts: the gyro-vs-SfM disagreement is not a refusal here (the
+bundle adjustment straightens the rotations with the gyro); instead the solved
+graph must be consistent (the IMU factors' chi^2, the share of observations kept)
+and the marginal std small enough."""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer.session import Imu, Session
+from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale
+from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
+from packer.slam.viba_inputs import keyframe_structure
+
+if TYPE_CHECKING:
+    from packer.slam.colmap import SfmModel
+    from packer.slam.options import SlamOptions
+
+
+
+
+def _start(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, offset: float, R_ic: np.ndarray,
+           gyro_bias: np.ndarray, opt: ScaleOptions) -> ScaleResult:
+    """The windowed solve with its refusals off: only its estimate is wanted (scale,
+    accelerometer sign and bias, gravity), as the bundle adjustment's start."""
+    relaxed = dataclasses.replace(opt, max_rel_std=np.inf, min_explained=-np.inf, min_excitation=0.0)
+    return solve_scale(key_ts, key_T[:, :3, 3], key_T[:, :3, :3], imu.t, imu.accel, imu.gyro, offset=offset,
+                       R_ic=R_ic, gyro_bias=gyro_bias, options=relaxed)
+
+
+def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
+               model: SfmModel, names: list[str]) -> tuple[float, bool, dict[str, Any]]:
+    """(scale, metric, metadata fields with "keyframe_poses") or the session's error."""
+    try:
+        al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+    except AlignmentError as e:
+        raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+    disagree = al.residual / max(al.rotation_rms, 1e-9)
+    vopt = VibaOptions(rolling_shutter=opts.rolling_shutter)
+    if disagree > vopt.max_gyro_disagreement:
+        raise session.error(
+            "rgb/",
+            f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
+            f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; the bundle adjustment repairs up "
+            f"to {vopt.max_gyro_disagreement:.0%}): the model is wrong, not distorted (too few or sliding features: "
+            "plain surfaces, blur, the glove filling the view). Record with more texture and light in view",
+        )
+    try:
+        sr = _start(key_ts, key_T, imu, al.offset, al.R_ic, al.gyro_bias, opts.scale_options)
+    except ScaleRefused as e:
+        raise session.error("imu.json", f"scale refused: {e}") from None
+    if sr.excitation < opts.scale_options.min_excitation or not sr.scale > 0:
+        raise session.error("imu.json", f"scale not observable: the IMU sees only {sr.excitation:.3f} m/s^2 RMS "
+                            "motion acceleration; move the gripper through space while recording, or use --scale "
+                            "marker / known-distance")
+    gravity = None if sr.gravity is None else np.asarray(sr.gravity)  # m/s^2 along the SfM axes (raw accel only)
+    b_acc = None if sr.accel_bias is None else np.asarray(sr.accel_bias)
+    try:
+        r = solve_viba(key_ts, key_T, keyframe_structure(model, names), imu.t, imu.accel, imu.gyro,
+                       offset=al.offset, R_ic=al.R_ic, gyro_bias=al.gyro_bias, scale0=sr.scale,
+                       accel_sign=sr.accel_sign, accel_bias=b_acc, gravity=gravity, options=vopt)
+    except (VibaError, RuntimeError) as e:  # RuntimeError: GTSAM's (an indeterminate system)
+        raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}"
+                            ) from None
+    model_std = vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor)
+    rel_std = float(np.hypot(r.rel_std, model_std))
+    _check(session, opts, vopt, r, rel_std)
+    return r.scale, True, {
+        "keyframe_poses": r.T_wc,
+        "solver": "viba",
+        "imu_offset": al.offset,
+        "imu_lag": al.offset - float(imu.t[0]),
+        "R_imu_cam": al.R_ic.tolist(),
+        "gyro_bias": r.gyro_bias.tolist(),
+        "accel_bias": r.accel_bias.tolist(),
+        "gyro_residual": al.residual,
+        "rotation_rms": al.rotation_rms,
+        "gyro_disagreement": disagree,  # of the SfM model, before the VI-BA
+        "scale_rel_std": rel_std,
+        "scale_fit_rel_std": r.rel_std,  # from the marginal covariance
+        "scale_model_rel_std": model_std,
+        "rolling_shutter": r.rolling_shutter,
+        "scale_start": sr.scale,
+        "accel_mode": sr.accel_mode,
+        "accel_sign": sr.accel_sign,
+        "excitation": sr.excitation,
+        "viba_imu_chi2": r.imu_chi2,
+        "viba_visual_chi2": r.visual_chi2,
+        "viba_reprojection_rms": r.reprojection_rms,
+        "viba_inliers": r.inlier_fraction,
+        "viba_points": r.n_points,
+        "viba_camera": r.camera,
+        "viba_seconds": r.seconds,
+        "confidence": float(np.clip(1.0 - rel_std / opts.scale_options.max_rel_std, 0.0, 1.0)),
+    }
+
+
+def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float) -> None:
+    """Refuse a solved graph that is inconsistent, or a scale it leaves uncertain."""
+    if r.imu_chi2 > vopt.max_imu_chi2 or r.inlier_fraction < vopt.min_inliers:
+        raise session.error(
+            "rgb/",
+            f"poses refused: after the visual-inertial bundle adjustment the images and the IMU still disagree "
+            f"(IMU chi^2/dof {r.imu_chi2:.2f}, need <= {vopt.max_imu_chi2:g}; {r.inlier_fraction:.0%} of the "
+            f"observations fit, need {vopt.min_inliers:.0%}): part of the model is wrong (sliding features on "
+            "plain surfaces, blur, a rolling shutter at fast turns). Record with more texture and light in view, "
+            "and turn more slowly",
+        )
+    max_std = opts.scale_options.max_rel_std
+    if not rel_std <= max_std:
+        raise session.error(
+            "imu.json",
+            f"scale poorly constrained: {r.scale:.4g} +- {rel_std:.1%} (need <= {max_std:.0%}) after the "
+            "visual-inertial bundle adjustment; record with more translation or use --scale marker / known-distance",
+        )

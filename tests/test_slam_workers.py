@@ -76,8 +76,9 @@ def test_a_killed_worker_fails_only_its_own_session(tmp_path: Path) -> None:
     """One worker for two sessions: the first is killed mid-reconstruction, which breaks
     the executor for both; both run again alone, the first is killed again and fails with
     the reason, the second finishes as it would have."""
-    a = synth_session(tmp_path, "session_2026-01-01_120000", 120, 11, imu_offset=0.0237)
-    b = synth_session(tmp_path, "session_2026-01-01_130000", 120, 12)
+    # 10 s sessions: SfM takes seconds, so a worker seen for 1.5 s is still on its session
+    a = synth_session(tmp_path, "session_2026-01-01_120000", 600, 11, imu_offset=0.0237)
+    b = synth_session(tmp_path, "session_2026-01-01_130000", 600, 12)
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_first, args=(2, 1.5, stop, killed), daemon=True)
     killer.start()

@@ -32,7 +32,8 @@ from shardship.units import plural
               default=None, help="metric scale from the IMU (default), an ArUco marker, a known distance, or none")
 @click.option("--solver", type=click.Choice(["window", "viba"]), default=None,
               help="--scale imu: window (default: accelerometer least squares on the SfM trajectory) or viba "
-                   "(visual-inertial bundle adjustment: refines poses, structure and camera with the IMU)")
+                   "(visual-inertial bundle adjustment: refines poses, structure and camera with the IMU; "
+                   "experimental: it has accepted wrong scales on the hardest renders, see the README)")
 @click.option("--marker-size", type=float, default=None, help="ArUco marker side length in metres (--scale marker)")
 @click.option("--marker-dict", default=None, help="ArUco dictionary (default DICT_4X4_50)")
 @click.option("--known-distance", default=None, metavar="A:B:METRES",

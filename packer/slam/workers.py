@@ -88,15 +88,19 @@ def run_in_processes(dirs: list[Path], fn: Callable[[Path], Any], jobs: int,
     need = [estimate_mb(frame_count(d)) for d in dirs]
     jobs = memory_jobs(jobs, need, mem_available_mb())
     broken = _round(dirs, list(range(len(dirs))), fn, jobs, done, failed)
-    for i in broken:  # each alone in a fresh process: the session that is killed again is the one
+    for i in sorted(broken):  # each alone, in order, in a fresh process: the one killed again is the one
         for j, code in _round(dirs, [i], fn, 1, done, failed).items():
             failed(j, killed_message(dirs[j].name, code, need[j]))
 
 
-def _dead_worker_code(ex: ProcessPoolExecutor) -> int | None:
+def _dead_worker_code(ex: ProcessPoolExecutor, started: list[Any]) -> int | None:
     """The exit code of the worker whose death broke `ex` (not the SIGTERM the
-    executor then sends the others)."""
-    procs = list((getattr(ex, "_processes", None) or {}).values())
+    executor then sends the others). `started`: its processes as seen after the
+    submits (the executor may have let go of them by now)."""
+    manager = getattr(ex, "_executor_manager_thread", None)
+    if manager is not None:  # it reaps the workers of a broken executor: their exit codes land then
+        manager.join(5)
+    procs = list({id(p): p for p in [*started, *(getattr(ex, "_processes", None) or {}).values()]}.values())
     for p in procs:  # the executor's own thread may be reaping them: its exit code lands then
         p.join(2)
     codes = [c for c in (p.exitcode for p in procs) if c not in (None, 0)]
@@ -117,12 +121,13 @@ def _round(dirs: list[Path], idx: list[int], fn: Callable[[Path], Any], jobs: in
             futs = {ex.submit(fn, dirs[i]): i for i in idx}
         finally:
             signal.signal(signal.SIGINT, old)
+        started = list((getattr(ex, "_processes", None) or {}).values())  # spawned by submit
         for f in as_completed(futs):
             i = futs[f]
             try:
                 done(i, f.result())
             except BrokenProcessPool:  # the executor then terminates (SIGTERM) the others
-                lost[i] = _dead_worker_code(ex)
+                lost[i] = _dead_worker_code(ex, started)
             except Exception as e:  # a crash in a worker (a bug or pycolmap abort): report, go on
                 failed(i, f"session {dirs[i].name}: internal error: {type(e).__name__}: {e}")
     except BaseException:

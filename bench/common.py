@@ -4,7 +4,12 @@ from __future__ import annotations
 import csv
 import os
 import platform
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def machine() -> str:
@@ -35,3 +40,19 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
         w.writeheader()
         w.writerows(rows)
     return path
+
+
+@contextmanager
+def baseline_worktree(ref: str, dest: Path) -> Iterator[tuple[Path | None, str]]:
+    """`ref` checked out as a detached git worktree at `dest`, removed on exit:
+    (its path, its short revision), or (None, why not) when it cannot be checked out."""
+    r = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(dest), ref],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        yield None, f"no baseline: git worktree add {ref} failed: {r.stderr.strip()[-300:]}"
+        return
+    try:
+        rev = subprocess.run(["git", "-C", str(dest), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        yield dest, rev.stdout.strip()
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(dest)], capture_output=True)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import machine, write_csv
+from bench.common import baseline_worktree, machine, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_REF = os.environ.get("SHARDSHIP_BENCH_BASELINE", "55bcc81")  # main before the pool fixes
@@ -52,47 +52,46 @@ def _one(tree: Path, raw: Path, out: Path, delay: float) -> tuple[str, float]:
 
 
 def run(results_dir: Path, quick: bool = False) -> list[dict]:
-    from packer.synth import synth_dataset
-
-    runs = 40 if quick else 300
     work = Path(tempfile.mkdtemp(prefix="bench-interrupt-"))
     trees = {"shardship (this tree)": ROOT}
     try:
-        raw = work / "raw"
-        synth_dataset(raw, sessions=3, frames=240, seed=11, export="folder", progress=False)
-        base = work / "baseline"
-        r = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), BASELINE_REF],
-                           capture_output=True, text=True)
-        if r.returncode == 0:
-            trees[f"baseline {BASELINE_REF}"] = base
-        t0 = time.monotonic()
-        _start(ROOT, raw, work / "ref").communicate()
-        span = time.monotonic() - t0
-        rng = random.Random(0)
-        kinds: dict[str, Counter] = {k: Counter() for k in trees}
-        took: dict[str, list[float]] = {k: [] for k in trees}
-        load = [os.getloadavg()[0]]
-        for i in range(runs):
-            delay = rng.uniform(0.05, 1.1 * span)  # the same moments for every tree
-            for name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
-                kind, sec = _one(tree, raw, work / "out", delay)
-                kinds[name][kind] += 1
-                if kind != "hang":
-                    took[name].append(sec)
-        load.append(os.getloadavg()[0])
-        rows = [{"machine": machine(), "method": name, "runs": runs, "pack_seconds": round(span, 2),
-                 **{k: kinds[name][k] for k in ("interrupted", "finished", "sigint_exit", "hang")},
-                 "other": sum(v for k, v in kinds[name].items()
-                              if k not in ("interrupted", "finished", "sigint_exit", "hang")),
-                 "exit_s_median": round(statistics.median(took[name]), 3) if took[name] else None,
-                 "exit_s_worst": round(max(took[name]), 3) if took[name] else None,
-                 "load_avg_1m": f"{load[0]:.1f}-{load[1]:.1f}",
-                 "command": "python -m bench --only interrupt" + (" --quick" if quick else "")}
-                for name in trees]
-        write_csv(results_dir / "interrupt.csv", rows)
-        return rows
+        with baseline_worktree(BASELINE_REF, work / "baseline") as (base, _rev):
+            if base is not None:
+                trees[f"baseline {BASELINE_REF}"] = base
+            return _stress(trees, work, results_dir, quick)
     finally:
-        if (work / "baseline").exists():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                           capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _stress(trees: dict[str, Path], work: Path, results_dir: Path, quick: bool) -> list[dict]:
+    from packer.synth import synth_dataset
+
+    runs = 40 if quick else 300
+    raw = work / "raw"
+    synth_dataset(raw, sessions=3, frames=240, seed=11, export="folder", progress=False)
+    t0 = time.monotonic()
+    _start(ROOT, raw, work / "ref").communicate()
+    span = time.monotonic() - t0
+    rng = random.Random(0)
+    kinds: dict[str, Counter] = {k: Counter() for k in trees}
+    took: dict[str, list[float]] = {k: [] for k in trees}
+    load = [os.getloadavg()[0]]
+    for i in range(runs):
+        delay = rng.uniform(0.05, 1.1 * span)  # the same moments for every tree
+        for name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
+            kind, sec = _one(tree, raw, work / "out", delay)
+            kinds[name][kind] += 1
+            if kind != "hang":
+                took[name].append(sec)
+    load.append(os.getloadavg()[0])
+    rows = [{"machine": machine(), "method": name, "runs": runs, "pack_seconds": round(span, 2),
+             **{k: kinds[name][k] for k in ("interrupted", "finished", "sigint_exit", "hang")},
+             "other": sum(v for k, v in kinds[name].items()
+                          if k not in ("interrupted", "finished", "sigint_exit", "hang")),
+             "exit_s_median": round(statistics.median(took[name]), 3) if took[name] else None,
+             "exit_s_worst": round(max(took[name]), 3) if took[name] else None,
+             "load_avg_1m": f"{load[0]:.1f}-{load[1]:.1f}",
+             "command": "python -m bench --only interrupt" + (" --quick" if quick else "")}
+            for name in trees]
+    write_csv(results_dir / "interrupt.csv", rows)
+    return rows

@@ -25,6 +25,7 @@ changes (bench/imagediff.py).
     SHARDSHIP_BENCH_BASELINE=<git ref> python -m bench --only pack"""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing as mp
@@ -42,7 +43,7 @@ from typing import Any
 
 from PIL import Image
 
-from bench.common import machine, write_csv
+from bench.common import baseline_worktree, machine, write_csv
 from shardship.pil import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,18 +110,6 @@ def timed(cmds: list[Cmd], outs: list[Path]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def baseline_checkout(work: Path) -> tuple[Path | None, str]:
-    """BASELINE_REF checked out as a detached git worktree under `work` (removed
-    with it: `git worktree prune` forgets it), or None and why not."""
-    dest = work / "baseline"
-    r = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(dest), BASELINE_REF],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, f"no baseline: git worktree add {BASELINE_REF} failed: {r.stderr.strip()[-300:]}"
-    rev = subprocess.run(["git", "-C", str(dest), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return dest, rev.stdout.strip()
-
-
 def byte_compile(*roots: Path) -> None:
     """What pip does at install: without it, PYTHONDONTWRITEBYTECODE=1 (set on some
     machines) makes every `packer pack` compile its modules again."""
@@ -185,11 +174,12 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
     sessions, frames = (3, 200) if quick else (6, 400)
     repeats = 3 if quick else REPEATS
     work = Path(tempfile.mkdtemp(prefix="bench-pack-"))
+    stack = contextlib.ExitStack()  # the baseline worktree, removed before its directory
     try:
         raw = work / "raw"
         synth_dataset(raw, sessions=sessions, frames=frames, seed=11, export="folder", workers=os.cpu_count() or 1,
                       progress=False)
-        base, base_rev = baseline_checkout(work)
+        base, base_rev = stack.enter_context(baseline_worktree(BASELINE_REF, work / "baseline"))
         raw_before = work / "raw_before"
         if base:  # its own copy, cached by its own code: the SLAM cache's fingerprint changed since
             shutil.copytree(raw, raw_before)
@@ -230,9 +220,7 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
         write_csv(results_dir / "pack.csv", rows)
         return rows
     finally:
-        if (work / "baseline").exists():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")],
-                           capture_output=True)
+        stack.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

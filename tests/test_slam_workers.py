@@ -25,10 +25,18 @@ def test_memory_jobs_fit_the_largest_sessions_in_what_is_available() -> None:
 
 
 def test_estimate_grows_with_the_session_as_measured() -> None:
-    assert estimate_mb(1_800) == pytest.approx(334, rel=0.05)  # 30 s: 301 keyframes, 334 MB peak measured
-    assert estimate_mb(5_400) == pytest.approx(1_067, rel=0.05)  # 90 s: 901 keyframes, 1,067 MB
-    assert estimate_mb(18_000) > 4_000  # a 5-minute session (extrapolated)
-    assert estimate_mb(18_000) > estimate_mb(1_800) > estimate_mb(0)
+    whole = {"chunk_keyframes": 0}
+    assert estimate_mb(1_800, **whole) == pytest.approx(334, rel=0.05)  # 30 s: 301 keyframes, 334 MB peak measured
+    assert estimate_mb(5_400, **whole) == pytest.approx(1_067, rel=0.05)  # 90 s: 901 keyframes, 1,067 MB
+    assert estimate_mb(18_000, **whole) > 4_000  # a 5-minute session mapped whole (extrapolated)
+    assert estimate_mb(18_000, **whole) > estimate_mb(1_800, **whole) > estimate_mb(0, **whole)
+
+
+def test_estimate_of_a_session_mapped_in_parts_is_that_of_one_part() -> None:
+    assert estimate_mb(1_800) == estimate_mb(1_800, chunk_keyframes=0)  # 301 keyframes: one part, as before
+    assert estimate_mb(5_400) == pytest.approx(373, rel=0.05)  # 90 s in 3 parts: 373 MB measured (slam_memory)
+    assert estimate_mb(18_000) < 600  # 5 minutes in 9 parts
+    assert estimate_mb(18_000, chunk_keyframes=200) < estimate_mb(18_000)
 
 
 def test_killed_message_names_the_signal_the_need_and_what_to_do() -> None:

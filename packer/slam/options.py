@@ -38,6 +38,9 @@ class SlamOptions:
     retriangulate: bool = True  # GLOMAP: retriangulation pass (3-7x lower ATE, steadier scale)
     refine_intrinsics: bool = True  # focal length and k1 refined from calib.txt's start (SIMPLE_RADIAL)
     mask: str | None = None  # a PNG the size of the frames: black where corners must not be tracked (a mount)
+    chunk_keyframes: int = 400  # longer sessions are mapped in parts of at most this many keyframes, joined on
+    # shared points (packer/slam/chunks.py): memory and time per part stay those of a ~40 s session; 0: never split
+    chunk_overlap: int = 40  # keyframes two consecutive parts share (the join is fitted on them)
     min_frames: int = 10
     min_registered: float = 0.5  # refuse below this registered fraction
     min_baseline: float = 0.005  # refuse scale when the path (RMS) spans less of the median scene depth
@@ -67,6 +70,12 @@ class SlamOptions:
             raise ShardshipError(f"--solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
         if self.rolling_shutter is not None and not 0 <= self.rolling_shutter <= 0.1:
             raise ShardshipError(f"[slam] rolling_shutter must be 0..0.1 s (a readout), got {self.rolling_shutter}")
+        if self.chunk_keyframes != 0 and not 100 <= self.chunk_keyframes:
+            raise ShardshipError(
+                f"[slam] chunk_keyframes must be 0 (never split) or >= 100, got {self.chunk_keyframes}")
+        if self.chunk_keyframes and not 10 <= self.chunk_overlap < self.chunk_keyframes // 2:
+            raise ShardshipError(f"[slam] chunk_overlap must be 10..{self.chunk_keyframes // 2 - 1} keyframes "
+                                 f"(less than half a part), got {self.chunk_overlap}")
         if self.keyframe_step is not None and self.keyframe_step < 1:
             raise ShardshipError("--keyframe-step must be >= 1")
         if self.scale == "marker" and not (self.marker_size and self.marker_size > 0):

@@ -20,7 +20,8 @@ import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
-from packer.slam.colmap import SfmError, SfmModel, reconstruct
+from packer.slam.chunks import ChunkOptions, reconstruct_chunked
+from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
@@ -59,6 +60,7 @@ class _Stages:
     def __init__(self, name: str, progress: bool):
         self.name = name
         self.seconds: dict[str, float] = {}
+        self._seen: set[str] = set()  # a long session maps in parts: each stage counts once on the bar
         self._cur: str | None = None
         self._t = time.perf_counter()
         self.bar = None
@@ -71,8 +73,9 @@ class _Stages:
         now = time.perf_counter()
         if self._cur is not None:
             self.seconds[self._cur] = self.seconds.get(self._cur, 0.0) + now - self._t
-            if self.bar is not None:
+            if self.bar is not None and self._cur not in self._seen:
                 self.bar.update(1)
+            self._seen.add(self._cur)
         self._cur, self._t = stage.split(" ")[0], now
         if self.bar is not None:
             self.bar.set_postfix_str(stage)
@@ -188,6 +191,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "baseline_over_depth": baseline,
         "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
         "frontend_used": model.frontend_note or opts.frontend,
+        "sfm_parts": model.chunks or None,  # a long session mapped in parts (packer/slam/chunks.py): each join
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
@@ -309,8 +313,9 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None]
     names = [session.frame_paths[i].name for i in kpos]
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
     try:
-        model = reconstruct(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(), stage=stages,
-                            tracks=tracks)
+        model = reconstruct_chunked(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(),
+                                    stage=stages, tracks=tracks,
+                                    chunks=ChunkOptions(chunk=opts.chunk_keyframes, overlap=opts.chunk_overlap))
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     key_pos, key_T = _registered(model, names, kpos)
@@ -378,6 +383,8 @@ def _summary(info: dict[str, Any]) -> str:
         parts.append("unscaled poses (metric false)")
     parts.append(f"registered {info['registered_fraction']:.0%} of {info['keyframes']} keyframes")
     parts.append(f"reprojection {info['reprojection_error']:.2f} px")
+    if info.get("sfm_parts"):
+        parts.append(f"mapped in {len(info['sfm_parts'])} parts")
     if info.get("other_models"):
         parts.append(f"other models {info['other_models']}")
     if info.get("frontend_used") not in (None, "klt", "sift"):
@@ -421,6 +428,6 @@ def slam_sessions(paths: Sequence[str | os.PathLike], opts: SlamOptions | None =
             bar.update(1)
 
         run_in_processes(dirs, functools.partial(slam_session, opts=dataclasses.replace(
-            opts, progress=opts.progress and jobs == 1)), jobs, done, failed)
+            opts, progress=opts.progress and jobs == 1)), jobs, done, failed, opts.chunk_keyframes)
     bar.close()
     return [out[i] for i in range(len(dirs))]

@@ -1,15 +1,17 @@
 """`packer slam` sessions in spawned worker processes, sized to the memory there is,
 and surviving one that the system kills.
 
-SfM's memory grows faster than the session: peaks measured in GLOMAP's mapping
-stage were 334 MB for 30 s (301 keyframes) and 1,067 MB for 90 s (901 keyframes),
-which a base, a linear and a quadratic term fit (`estimate_mb`; extrapolated, a
-5-minute session needs several GB, so more than one at once does not fit a laptop).
-The number of processes is cut to what MemAvailable holds (`memory_jobs`). Should
-the out-of-memory killer (SIGKILL) still end a worker, the executor breaks for every
-session it held; each of those is run again alone, and only one that is killed
-alone is failed, with a line saying why and what to do: the other sessions are
-never lost with it."""
+SfM's memory grows faster than the number of keyframes it maps: peaks measured in
+GLOMAP's mapping stage were 334 MB for 30 s (301 keyframes) and 1,067 MB for 90 s
+(901 keyframes) mapped whole, which a base, a linear and a quadratic term fit. A
+long session is mapped in parts of at most `[slam] chunk_keyframes`
+(packer/slam/chunks.py), so the quadratic term is that of one part and only a small
+linear one grows with the whole session (`estimate_mb`). The number of processes
+is cut to what MemAvailable holds (`memory_jobs`). Should the out-of-memory
+killer (SIGKILL) still end a worker, the executor breaks for every session it
+held; each of those is run again alone, and only one that is killed alone is
+failed, with a line saying why and what to do: the other sessions are never lost
+with it."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -24,14 +26,20 @@ from typing import Any
 BASE_MB = 150.0  # interpreter, pycolmap, OpenCV, the session's own arrays
 MB_PER_KEYFRAME = 0.41  # fitted with MB_PER_KEYFRAME_SQ through the two measured peaks (module docstring)
 MB_PER_KEYFRAME_SQ = 6.8e-4
+MB_PER_SESSION_KEYFRAME = 0.03  # what grows with the whole session when mapped in parts: tracks, the joined
+# model, poses (90 s in 3 parts: 373 MB measured against 357 for its largest part alone)
 KEYFRAMES_PER_S = 10.0  # keyframe candidates every 0.1 s (SlamOptions.max_keyframe_gap)
 FPS = 60.0  # the app's frame rate, to turn a frame count into seconds
 
 
-def estimate_mb(n_frames: int, fps: float = FPS) -> float:
-    """Peak memory of one session's SLAM, from its frame count."""
-    k = KEYFRAMES_PER_S * n_frames / max(fps, 1.0)
-    return BASE_MB + MB_PER_KEYFRAME * k + MB_PER_KEYFRAME_SQ * k * k
+def estimate_mb(n_frames: int, fps: float = FPS, chunk_keyframes: int = 400, overlap: int = 40) -> float:
+    """Peak memory of one session's SLAM, from its frame count and the part size
+    (`chunk_keyframes`, 0: mapped whole)."""
+    from packer.slam.chunks import chunk_ranges
+
+    k = int(KEYFRAMES_PER_S * n_frames / max(fps, 1.0))
+    part = max((b - a for a, b in chunk_ranges(k, chunk_keyframes, overlap)), default=0)
+    return BASE_MB + MB_PER_KEYFRAME * part + MB_PER_KEYFRAME_SQ * part * part + MB_PER_SESSION_KEYFRAME * (k - part)
 
 
 def frame_count(session_dir: Path) -> int:
@@ -77,15 +85,17 @@ def killed_message(name: str, exitcode: int | None, need_mb: float) -> str:
     have = f", {free:,.0f} MB available now" if free is not None else ""
     likely = " (the out-of-memory killer sends SIGKILL)" if exitcode == -signal.SIGKILL else ""
     return (f"session {name}: its SLAM process was killed by {how}{likely}; it needs ~{need_mb:,.0f} MB{have}: "
-            "close other programs and run again, or run packer slam on a machine with more memory")
+            "close other programs and run again, lower [slam] chunk_keyframes (parts of fewer keyframes need less), "
+            "or run packer slam on a machine with more memory")
 
 
 def run_in_processes(dirs: list[Path], fn: Callable[[Path], Any], jobs: int,
-                     done: Callable[[int, Any], None], failed: Callable[[int, str], None]) -> None:
+                     done: Callable[[int, Any], None], failed: Callable[[int, str], None],
+                     chunk_keyframes: int = 400) -> None:
     """fn(dir) per directory in spawned processes (at most `jobs`, fewer where memory is
     short); done(i, result) per result, failed(i, message) per session whose process
     died alone or raised. A Ctrl-C or any error kills the workers (see _round)."""
-    need = [estimate_mb(frame_count(d)) for d in dirs]
+    need = [estimate_mb(frame_count(d), chunk_keyframes=chunk_keyframes) for d in dirs]
     jobs = memory_jobs(jobs, need, mem_available_mb())
     broken = _round(dirs, list(range(len(dirs))), fn, jobs, done, failed)
     for i in sorted(broken):  # each alone, in order, in a fresh process: the one killed again is the one

@@ -1,0 +1,154 @@
+"""A long session mapped in overlapping parts (packer/slam/chunks.py): the parts cover
+every keyframe, a join recovers the similarity between two parts from their shared
+points, a join the shared cameras contradict is refused (a separate model, never
+glued on), and on a real reconstruction the memory of a long session stays that of
+one part while the scale stays right."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packer.slam.chunks import ChunkOptions, chunk_ranges, join
+from packer.slam.colmap import SfmModel
+from packer.slam.rotations import make_pose, so3_exp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("n,chunk,overlap", [(901, 400, 40), (3001, 400, 40), (401, 400, 40), (1000, 100, 20),
+                                             (120, 100, 10)])
+def test_parts_cover_every_keyframe_share_the_overlap_and_stay_under_the_size(n: int, chunk: int, overlap: int) -> None:
+    r = chunk_ranges(n, chunk, overlap)
+    assert r[0][0] == 0 and r[-1][1] == n
+    assert all(b - a <= chunk for a, b in r)
+    assert all(r[i][1] - r[i + 1][0] == overlap for i in range(len(r) - 1))
+    sizes = [b - a for a, b in r]
+    assert max(sizes) - min(sizes) <= 1  # about equal: no 5-keyframe tail mapped on its own
+
+
+def test_a_session_within_one_part_is_not_split() -> None:
+    assert chunk_ranges(400, 400, 40) == [(0, 400)]
+    assert chunk_ranges(5000, 0, 40) == [(0, 5000)]
+    with pytest.raises(ValueError, match="overlap"):
+        chunk_ranges(1000, 100, 60)
+
+
+def _scene(rng: np.random.Generator, n_cams: int = 12, n_pts: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """Camera-to-world poses along a short path looking at +z, and points in front."""
+    poses = np.stack([make_pose(so3_exp(rng.normal(0, 0.05, 3)), np.array([0.05 * i, 0.01 * i, 0.0]))
+                      for i in range(n_cams)])
+    pts = rng.uniform([-1.5, -1.0, 2.0], [2.0, 1.0, 4.0], (n_pts, 3))
+    return poses, pts
+
+
+def _model(names: list[str], c2w: np.ndarray, pts: np.ndarray, pt_ids: np.ndarray) -> SfmModel:
+    """An SfmModel seeing `pts` (ids `pt_ids` in the scene) from every camera. A
+    keypoint's position stands for its identity (in the real thing both parts are
+    given the same tracked corners of a shared keyframe): (point id, frame number)."""
+    R_cw = np.swapaxes(c2w[:, :3, :3], 1, 2)
+    t_cw = -np.einsum("nij,nj->ni", R_cw, c2w[:, :3, 3])
+    obs_i, obs_p, obs_xy = [], [], []
+    for i, name in enumerate(names):
+        obs_i += [i] * len(pts)
+        obs_p += list(range(len(pts)))
+        obs_xy.append(np.stack([pt_ids + 0.25, np.full(len(pts), int(name[:6]) + 0.5)], axis=1))
+    return SfmModel(names=names, R_cw=R_cw, t_cw=t_cw, reprojection_error=0.3, n_points=len(pts), median_depth=3.0,
+                    camera=[300.0, 240.0, 180.0, 0.0], points_xyz=pts, obs_image=np.array(obs_i, np.int32),
+                    obs_point=np.array(obs_p, np.int32), obs_xy=np.concatenate(obs_xy).astype(np.float32))
+
+
+def _similar(poses: np.ndarray, pts: np.ndarray, s: float, R: np.ndarray,
+             t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Poses and points in the frame x' = s R x + t (what a part's own SfM frame is)."""
+    out = poses.copy()
+    out[:, :3, :3] = R @ poses[:, :3, :3]
+    out[:, :3, 3] = s * poses[:, :3, 3] @ R.T + t
+    return out, s * pts @ R.T + t
+
+
+def _two_parts(rng: np.random.Generator, noise: float = 0.0):
+    poses, pts = _scene(rng)
+    ids = np.arange(len(pts))
+    names = [f"{i:06d}.jpg" for i in range(len(poses))]
+    a = _model(names[:8], poses[:8], pts, ids)
+    R = so3_exp(np.array([0.3, -0.2, 0.5]))
+    pb, xb = _similar(poses[5:], pts + rng.normal(0, noise, pts.shape), 0.37, R, np.array([1.0, -2.0, 0.5]))
+    b = _model(names[5:], pb, xb, ids)
+    return poses, a, b
+
+
+def test_a_join_brings_the_second_part_into_the_first_ones_frame() -> None:
+    poses, a, b = _two_parts(np.random.default_rng(0), noise=0.002)
+    merged, stats = join(a, b, ChunkOptions())
+    assert stats["joined"] and stats["shared_keyframes"] == 3 and stats["point_pairs"] == 300
+    assert stats["scale"] == pytest.approx(1 / 0.37, rel=1e-3)
+    assert merged.names == [f"{i:06d}.jpg" for i in range(12)]
+    np.testing.assert_allclose(merged.camera_to_world()[:, :3, 3], poses[:, :3, 3], atol=2e-3)
+    np.testing.assert_allclose(merged.camera_to_world()[:, :3, :3], poses[:, :3, :3], atol=2e-3)
+    # each keyframe's observations come from one part only: none counted twice in the bundle adjustment
+    per_image = np.bincount(merged.obs_image, minlength=12)
+    assert np.all(per_image == 300)
+
+
+def test_a_join_the_shared_cameras_contradict_is_refused() -> None:
+    rng = np.random.default_rng(1)
+    _poses, a, b = _two_parts(rng)
+    # the second part placed its shared cameras 0.3 m off (a wrong model of that stretch): the points
+    # still fit one similarity, the cameras do not
+    moved = b.camera_to_world()
+    moved[:3, :3, 3] += np.array([0.0, 0.3 * 0.37, 0.0])
+    b.R_cw = np.swapaxes(moved[:, :3, :3], 1, 2)
+    b.t_cw = -np.einsum("nij,nj->ni", b.R_cw, moved[:, :3, 3])
+    same, stats = join(a, b, ChunkOptions())
+    assert not stats["joined"] and "disagree" in stats["why"]
+    assert same is a
+
+
+def test_a_part_that_shares_no_points_is_not_joined() -> None:
+    rng = np.random.default_rng(2)
+    _poses, a, b = _two_parts(rng)
+    b.obs_xy = b.obs_xy + 0.5  # other keypoints: nothing seen in both
+    _same, stats = join(a, b, ChunkOptions())
+    assert not stats["joined"] and stats["point_pairs"] == 0 and "shared points" in stats["why"]
+
+
+_PEAK = r"""
+import json, sys
+from packer.slam import SlamOptions, slam_session
+r = slam_session(sys.argv[1], SlamOptions(force=True, progress=False, chunk_keyframes=int(sys.argv[2]),
+                                          chunk_overlap=20, threads=1))
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+print(json.dumps({"status": r.status, "message": r.message, "peak_mb": hwm / 1024,
+                  "parts": (r.info or {}).get("sfm_parts")}))
+"""
+
+
+def _slam_peak(session: Path, chunk: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(session), str(chunk)], capture_output=True, text=True,
+                         cwd=ROOT, timeout=600, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_long_session_maps_in_parts_in_the_memory_of_one_part_with_the_right_scale(tmp_path: Path) -> None:
+    """30 s (301 keyframes) in parts of at most 100, against 10 s (101 keyframes,
+    one part) of the same world: the long one's peak must be the short one's, where
+    mapping it whole takes ~330 MB against ~200 (tests fail on a tree without parts)."""
+    from bench.slam_hard import accuracy
+    from packer.synth import synth_session
+
+    short = synth_session(tmp_path / "s", "session_2026-02-01_100000", 600, seed=3)
+    long = synth_session(tmp_path / "l", "session_2026-02-01_110000", 1800, seed=3)
+    p_short = _slam_peak(short, 120)
+    p_long = _slam_peak(long, 120)
+    assert p_short["status"] == "ok" and p_short["parts"] is None, p_short
+    assert p_long["status"] == "ok" and "mapped in 3 parts" in p_long["message"], p_long
+    assert all(p["joined"] for p in p_long["parts"][1:]), p_long["parts"]
+    assert p_long["peak_mb"] <= 1.15 * p_short["peak_mb"] + 20, (p_long["peak_mb"], p_short["peak_mb"])
+    acc = accuracy(long, long)
+    assert abs(acc["scale_error_pct"]) < 1.0 and acc["ate_pct"] < 0.5 and acc["rot_rms_deg"] < 0.5, acc

@@ -20,6 +20,7 @@ session, not the frames."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from shardship.split import COPY, original_name  # noqa: F401  (one definition: the split needs it too)
@@ -38,7 +39,8 @@ def content_key(session_dir: Path) -> str | None:
                 h.update(f"{name}\0".encode())
                 h.update(hashlib.sha256(p.read_bytes()).digest())
         rgb = session_dir / "rgb"
-        frames = sorted((p.name, p.stat().st_size) for p in rgb.iterdir() if p.is_file())
+        with os.scandir(rgb) as entries:  # is_file from the directory entry, one stat for the size
+            frames = sorted((e.name, e.stat().st_size) for e in entries if e.is_file())
         if not frames:
             return None
         h.update(repr(frames).encode())

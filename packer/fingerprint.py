@@ -33,9 +33,10 @@ def stat_signature(
         p = session.file(name)
         st = p.stat() if p.exists() else None
         h.update(f"{name}\0{st.st_size if st else -1}\0{st.st_mtime_ns if st else -1}\0".encode())
+    stats = session.frame_stats()
     for i in keep:
-        st = session.frame_paths[i].stat()
-        h.update(f"{int(session.frames[i])}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        size, mtime = stats[i]
+        h.update(f"{int(session.frames[i])}\0{size}\0{mtime}\0".encode())
     return h.hexdigest()
 
 

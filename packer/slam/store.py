@@ -65,9 +65,8 @@ def input_stat(session: Session, options: dict[str, Any], use_imu: bool) -> str:
         p = session.file(name)
         st = p.stat() if p.exists() else None
         h.update(f"{name}\0{st.st_size if st else -1}\0{st.st_mtime_ns if st else -1}\0".encode())
-    for idx, p in zip(session.frames, session.frame_paths):
-        st = p.stat()
-        h.update(f"{int(idx)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    for idx, (size, mtime) in zip(session.frames, session.frame_stats()):
+        h.update(f"{int(idx)}\0{size}\0{mtime}\0".encode())
     return h.hexdigest()
 
 

@@ -164,3 +164,33 @@ def test_a_long_session_maps_in_parts_in_the_memory_of_one_part_with_the_right_s
     assert p_long["peak_mb"] <= 1.15 * p_short["peak_mb"] + 20, (p_long["peak_mb"], p_short["peak_mb"])
     acc = accuracy(long, long)
     assert abs(acc["scale_error_pct"]) < 1.0 and acc["ate_pct"] < 0.5 and acc["rot_rms_deg"] < 0.5, acc
+
+
+def _parts_check(bend: float) -> dict:
+    """`_part_scales` on a 60 s session mapped in two parts whose second half the
+    join got `bend` too large (continuous at the join, as a join's scale error is)."""
+    from packer.session import Imu
+    from packer.slam.imu_align import align_imu
+    from packer.slam.options import SlamOptions
+    from packer.slam.scale import solve_scale
+    from packer.slam.scale_methods import _part_scales
+    from tests.scale_sim import Config, session
+
+    s = session(Config("hand 60 s", duration=60.0, amp=1.0), seed=4, draw=0)
+    p, kt = s["p"].copy(), s["kt"]
+    join = np.searchsorted(kt, 30.0)
+    p[join:] = p[join] + (1.0 + bend) * (p[join:] - p[join])
+    al = align_imu(kt, s["R"], s["imu_t"], s["gyr"])
+    whole = solve_scale(kt, p, s["R"], s["imu_t"], s["acc"], s["gyr"], offset=al.offset, R_ic=al.R_ic,
+                        gyro_bias=al.gyro_bias)
+    return _part_scales(whole.scale, [(0.0, 32.0), (28.0, 60.0)], kt, p, s["R"],
+                        Imu(s["imu_t"], s["acc"], s["gyr"]), al, SlamOptions(), 0.0)
+
+
+def test_the_parts_own_imu_scales_show_what_a_join_got_wrong() -> None:
+    good, bent = _parts_check(0.0), _parts_check(0.04)
+    assert good["parts_scale_spread"] < 0.005, good
+    # a 4% bend: the parts' scales straddle the whole's, ~2% each side, and the std grows by about that
+    assert 0.012 < bent["parts_scale_spread"] < 0.03, bent
+    assert bent["part_scales"][0] > 1.01 and bent["part_scales"][1] < 0.99, bent
+    assert bent["parts_rel_std"] == pytest.approx(bent["parts_scale_spread"] / np.sqrt(2))

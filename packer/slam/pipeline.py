@@ -20,7 +20,7 @@ import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import store
-from packer.slam.chunks import ChunkOptions, reconstruct_chunked
+from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
 from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
@@ -202,7 +202,11 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
             f"need {opts.min_baseline:.1%}), so no method can recover a metric scale; record with more hand "
             "motion, or use --scale none for unscaled poses",
         )
-    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model)
+    spans = None
+    if model.chunks:  # the parts' time spans: the IMU scale is solved per part too, as a check of the joins
+        ranges = chunk_ranges(len(kpos), opts.chunk_keyframes, opts.chunk_overlap)
+        spans = [(float(session.timestamps[kpos[a]]), float(session.timestamps[kpos[b - 1]])) for a, b in ranges]
+    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
     refined = extra.pop("keyframe_poses", None)  # --solver viba: the bundle adjustment's metric keyframes
     info.update(extra)
     info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale,

@@ -35,11 +35,13 @@ ScaleFit = tuple[float, bool, dict[str, Any]]  # (metres per SfM unit, metric?, 
 
 def metric_scale(
     session: Session, opts: SlamOptions, imu: Imu | None, key_pos: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray,
-    model: SfmModel | None = None,
+    model: SfmModel | None = None, spans: list[tuple[float, float]] | None = None,
 ) -> ScaleFit:
     """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method.
     With `--solver viba` the fields carry "keyframe_poses": the refined metric
-    camera-to-world poses of the keyframes, which replace the scaled SfM ones."""
+    camera-to-world poses of the keyframes, which replace the scaled SfM ones.
+    `spans`: the time spans of the parts a long session was mapped in (the IMU
+    scale is also solved per part: see `_part_scales`)."""
     if opts.scale == "none":
         return 1.0, False, {}
     if opts.scale == "imu":
@@ -49,15 +51,16 @@ def metric_scale(
 
             names = [session.frame_paths[int(k)].name for k in key_pos]
             return viba_scale(session, opts, imu, key_ts, key_T, model, names)
-        return _imu_scale(session, opts, imu, key_ts, key_T)
+        return _imu_scale(session, opts, imu, key_ts, key_T, spans)
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)
     return _known_distance_scale(session, opts, key_ts, key_T)
 
 
-def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray) -> ScaleFit:
+def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
+               spans: list[tuple[float, float]] | None = None) -> ScaleFit:
     """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
-    accelerometer scale solve on that alignment."""
+    accelerometer scale solve on that alignment (and per part of a long session)."""
     centres = key_T[:, :3, 3]
     R_wc = key_T[:, :3, :3]
     try:
@@ -79,6 +82,17 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                          model_rel_std=opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor))
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
+    parts: dict[str, Any] = {}
+    if spans and len(spans) > 1:
+        parts = _part_scales(sr.scale, spans, key_ts, centres, R_wc, imu, al, opts, sr.model_rel_std)
+        total = float(np.hypot(sr.rel_std, parts["parts_rel_std"]))
+        if total > opts.scale_options.max_rel_std:
+            raise session.error(
+                "imu.json",
+                f"scale uncertain: +-{total:.1%}, mostly because the {len(spans)} parts this long session was mapped "
+                f"in disagree on the scale by {parts['parts_scale_spread']:.1%} (a part's model is distorted): record "
+                "with more texture and light in view, or map it in larger parts ([slam] chunk_keyframes)")
+        sr.rel_std = total
     return sr.scale, True, {
         "imu_offset": al.offset,  # IMU (epoch) clock = frame clock + offset: frame 0's epoch time
         "imu_lag": al.offset - float(imu.t[0]),  # frame 0 after the first IMU sample
@@ -104,7 +118,36 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_keyframes": sr.n_keyframes,
         "imu_noise_ratio": sr.imu_noise_ratio,
         "scale_window_spread": sr.window_spread,
+        **parts,
     }
+
+
+def _part_scales(scale: float, spans: list[tuple[float, float]], key_ts: np.ndarray, centres: np.ndarray,
+                 R_wc: np.ndarray, imu: Imu, al: ImuAlignment, opts: SlamOptions,
+                 model_rel_std: float) -> dict[str, Any]:
+    """The IMU scale of each part of a long session on its own (same alignment), in
+    the joined model's frame. Were the joins exact, every part would give the whole's
+    scale within its own std; the scatter beyond that is what the joins left (each
+    part's own drift carried into the next), and the whole's scale, an average over
+    the parts, is uncertain by that scatter over sqrt(parts) besides its own std."""
+    ratios: list[float | None] = []
+    stds: list[float] = []
+    for t0, t1 in spans:
+        sel = (key_ts >= t0) & (key_ts <= t1)
+        try:
+            p = solve_scale(key_ts[sel], centres[sel], R_wc[sel], imu.t, imu.accel, imu.gyro, offset=al.offset,
+                            R_ic=al.R_ic, gyro_bias=al.gyro_bias, options=opts.scale_options,
+                            model_rel_std=model_rel_std)
+        except ScaleRefused:  # a part with too little motion says nothing about the joins
+            ratios.append(None)
+            continue
+        ratios.append(p.scale / scale)
+        stds.append(p.rel_std)
+    dev = np.array([r - 1.0 for r in ratios if r is not None])
+    var = np.array(stds) ** 2
+    spread = float(np.sqrt(max(0.0, float(np.mean(dev**2 - var))))) if len(dev) >= 2 else 0.0
+    return {"part_scales": [None if r is None else round(r, 6) for r in ratios], "parts_scale_spread": spread,
+            "parts_rel_std": float(spread / np.sqrt(max(1, len(dev))))}
 
 
 def _marker_scale(session: Session, opts: SlamOptions, key_pos: np.ndarray, key_T: np.ndarray) -> ScaleFit:

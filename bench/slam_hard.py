@@ -150,7 +150,7 @@ def baseline_tree(ref: str, work: Path) -> Path:
 
 
 def sweep(profiles: list[str], sessions: int, seconds: float, baseline: str | None, log: Path | None = None,
-          baseline_dir: Path | None = None) -> list[dict]:
+          baseline_dir: Path | None = None, first_seed: int = 0) -> list[dict]:
     frames = int(round(seconds * 60))
     work = Path(tempfile.mkdtemp(prefix="bench-slam-hard-"))
     methods = {"shardship (this tree)": str(REPO)}
@@ -163,7 +163,7 @@ def sweep(profiles: list[str], sessions: int, seconds: float, baseline: str | No
     try:
         for prof in profiles:
             runs: dict[str, list[dict]] = {m: [] for m in methods}
-            for seed in range(sessions):
+            for seed in range(first_seed, first_seed + sessions):
                 src = render(prof, seed, frames)
                 for m, pp in methods.items():
                     rc, wall, cpu, line = run_slam(src, work / "run", pp)
@@ -206,13 +206,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + sessions - 1")
     ap.add_argument("--profiles", default=",".join(PROFILES))
     ap.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline ('' for none)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "slam_hard.csv")
     ap.add_argument("--baseline-dir", type=Path, default=None, help="an existing checkout to use as the baseline")
     ap.add_argument("--log", type=Path, default=None, help="also append every session's record (JSON lines)")
     a = ap.parse_args()
-    rows = sweep(a.profiles.split(","), a.sessions, a.seconds, a.baseline or None, a.log, a.baseline_dir)
+    rows = sweep(a.profiles.split(","), a.sessions, a.seconds, a.baseline or None, a.log, a.baseline_dir,
+                 a.first_seed)
     cmd = "python -m bench.slam_hard " + " ".join(sys.argv[1:])
     for r in rows:
         r["command"] = cmd

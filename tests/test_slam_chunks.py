@@ -6,6 +6,7 @@ one part while the scale stays right."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -194,3 +195,15 @@ def test_the_parts_own_imu_scales_show_what_a_join_got_wrong() -> None:
     assert 0.012 < bent["parts_scale_spread"] < 0.03, bent
     assert bent["part_scales"][0] > 1.01 and bent["part_scales"][1] < 0.99, bent
     assert bent["parts_rel_std"] == pytest.approx(bent["parts_scale_spread"] / np.sqrt(2))
+
+
+@pytest.mark.parametrize("kw,says", [({"chunk_keyframes": 50}, "chunk_keyframes must be 0 (never split) or >= 100"),
+                                     ({"chunk_overlap": 200}, "chunk_overlap must be 10..199 keyframes"),
+                                     ({"chunk_overlap": 5}, "chunk_overlap must be 10..199 keyframes")])
+def test_bad_part_settings_are_refused_with_what_is_allowed(kw: dict, says: str) -> None:
+    from packer.slam.options import SlamOptions
+    from shardship.errors import ShardshipError
+
+    with pytest.raises(ShardshipError, match=re.escape(says)):
+        SlamOptions(**kw).validate()
+    SlamOptions(chunk_keyframes=0, chunk_overlap=5).validate()  # never split: the overlap is not used

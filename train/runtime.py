@@ -129,6 +129,25 @@ class StopFlag:
 
 
 # ------------------------------------------------------------------ one run per output dir
+_LOCK_FD = -1  # this process's OutputLock fd, which a forked child (a DataLoader worker) closes
+
+
+def _close_lock_in_child() -> None:
+    """A fork shares the lock's open file, so a DataLoader worker that outlives a
+    SIGKILLed rank 0 (forked just as the kill came) would hold the lock on until
+    its watchdog noticed, and the restart would be refused: the child drops it."""
+    global _LOCK_FD
+    if _LOCK_FD >= 0:
+        try:
+            os.close(_LOCK_FD)
+        except OSError:
+            pass
+        _LOCK_FD = -1
+
+
+os.register_at_fork(after_in_child=_close_lock_in_child)
+
+
 class OutputLock:
     """OUT/.lock, flock'ed for a whole `train run`: a second run into the same
     directory is refused instead of interleaving checkpoints. The kernel drops
@@ -161,12 +180,17 @@ class OutputLock:
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, me + b"\n", 0)
+        global _LOCK_FD
+        _LOCK_FD = fd
         return cls(fd, path)
 
     def release(self) -> None:
         """Drop the lock and remove the file (shardship.flock: a run that locked the old
         file just before the unlink notices and locks the new one)."""
+        global _LOCK_FD
         if self.fd >= 0:
+            if _LOCK_FD == self.fd:
+                _LOCK_FD = -1
             flock.release(self.fd, self.path)
             self.fd = -1
 

@@ -358,6 +358,30 @@ def test_output_lock_is_per_directory_and_released_on_close(tmp_path: Path) -> N
     assert other_process_takes(tmp_path / "a").returncode == 0
 
 
+def test_output_lock_dies_with_its_holder_even_when_a_forked_child_lives_on(tmp_path: Path) -> None:
+    """A DataLoader worker forked just as rank 0 is SIGKILLed outlives it for a few
+    seconds; it must not hold the lock, or the restart is refused (seen once in a
+    full test run here: the torchrun kill-and-resume test's restart found it held)."""
+    from train.runtime import OutputLock
+
+    code = ("import os, sys, time; from pathlib import Path; from train.runtime import OutputLock\n"
+            f"lock = OutputLock.take(Path({str(tmp_path / 'out')!r}))\n"
+            "child = os.fork()\n"
+            "if child == 0:\n    time.sleep(60); os._exit(0)\n"
+            "print(child, flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([PY, "-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline()) if holder.stdout else 0
+    try:
+        holder.kill()  # SIGKILL the holder; its forked child lives on
+        holder.wait(timeout=30)
+        os.kill(child, 0)  # still alive
+        taken = OutputLock.take(tmp_path / "out")
+        assert taken is not None
+        taken.release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 # ---------------------------------------------------------------- 15/14: offsets in index.json
 def _set_row(data: Path, shard: int, row: int, column: str, value: int) -> str:
     """Set one sample's column in index.json; returns the shard's name."""

@@ -66,6 +66,8 @@ class SfmModel:
     camera: list[float] = field(default_factory=list)  # the camera's model parameters after bundle adjustment
     frontend_note: str = ""  # set when another front-end than the one asked for made this model
     chunks: list[dict] = field(default_factory=list)  # a long session mapped in parts: how each was joined
+    rolling_shutter: float | None = None  # s, the readout the tracks were corrected for (`rolling.py`)
+    rolling_shutter_curve: dict = field(default_factory=dict)  # candidate ms -> gyro disagreement when measured
     # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points
     # (P,3) and every observation as (image index into names, point index, pixel x, y) in (K,) / (K,2) arrays
     points_xyz: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))

@@ -54,7 +54,8 @@ class SlamOptions:
     solver: str = "window"  # --scale imu: "window" (accelerometer least squares on the SfM trajectory) | "viba"
     # (visual-inertial bundle adjustment, GTSAM: poses, landmarks, camera and scale solved with the IMU;
     # bench/results/viba.md)
-    rolling_shutter: float | None = None  # viba: the sensor's readout in s (0: global shutter); None: estimated
+    rolling_shutter: float | None = None  # the sensor's readout in s (0: global shutter); None: measured against the
+    # gyro on the busiest 4 s (packer/slam/rolling.py); the tracks (and viba's observations) are corrected for it
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True
@@ -93,9 +94,8 @@ class SlamOptions:
         d = dataclasses.asdict(self)
         for k in ("plot", "force", "progress", "threads"):
             d.pop(k)
-        if d["solver"] == "window":  # the windowed solve reads neither: sessions cached before them stay cached
+        if d["solver"] == "window":  # the windowed solve does not read it: sessions cached before it stay cached
             d.pop("solver")
-            d.pop("rolling_shutter")
         return d
 
     def sfm_options(self) -> SfmOptions:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
-from packer.slam import store
+from packer.slam import rolling, store
 from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
 from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
@@ -168,7 +168,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         if cached is not None:
             return _cached_result(session, opts, cached)
 
-    kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages)
+    kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages, imu)
     reg_frac = len(key_pos) / len(kpos)
     key_ts = session.timestamps[key_pos]
     stages("scale")
@@ -191,6 +191,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "baseline_over_depth": baseline,
         "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
         "frontend_used": model.frontend_note or opts.frontend,
+        "rolling_shutter": model.rolling_shutter,  # s, the readout the tracks were corrected for (None: unknown)
+        "rolling_shutter_curve": model.rolling_shutter_curve or None,  # candidate ms -> gyro disagreement
         "sfm_parts": model.chunks or None,  # a long session mapped in parts (packer/slam/chunks.py): each join
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
@@ -251,7 +253,7 @@ def cached_by_stat(session: Session, opts: SlamOptions) -> SlamResult | None:
 
 
 def _reconstruct_keyframes(
-    session: Session, opts: SlamOptions, stages: Callable[[str], None]
+    session: Session, opts: SlamOptions, stages: Callable[[str], None], imu: Imu | None = None
 ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
     """SfM on the keyframes: (keyframe positions, model, registered positions,
     their camera-to-world (M,4,4)). When the KLT front-end registers too little
@@ -259,7 +261,7 @@ def _reconstruct_keyframes(
     summary says so). Refuses a reconstruction that registered too few keyframes:
     scale and interpolation over the gaps would be guesses."""
     try:
-        found = _sfm(session, opts, stages)
+        found = _sfm(session, opts, stages, imu)
     except SessionError as e:
         if opts.frontend != "klt":
             raise
@@ -297,9 +299,10 @@ def _frac(found: tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray] | None) -> 
     return "none" if found is None else f"{len(found[2])}/{len(found[0])}"
 
 
-def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None]
+def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu: Imu | None = None
          ) -> tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray]:
-    """One front-end's SfM: (keyframe positions, model, registered positions, their poses)."""
+    """One front-end's SfM: (keyframe positions, model, registered positions, their
+    poses). KLT tracks are freed of the rolling shutter first (`rolling.py`)."""
     step = opts.step_for(session.fps)
     tracks: Tracks | None = None
     if opts.frontend == "klt":
@@ -316,14 +319,34 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None]
         kpos = keyframe_positions(session.n_frames, step)
     names = [session.frame_paths[i].name for i in kpos]
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
+    readout, curve = None, {}
+    if tracks is not None:
+        tracks, readout, curve = _shutter_free(session, opts, imu, tracks, rel, kpos, stages)
     try:
         model = reconstruct_chunked(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(),
                                     stage=stages, tracks=tracks,
                                     chunks=ChunkOptions(chunk=opts.chunk_keyframes, overlap=opts.chunk_overlap))
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
+    model.rolling_shutter, model.rolling_shutter_curve = readout, curve
     key_pos, key_T = _registered(model, names, kpos)
     return kpos, model, key_pos, key_T
+
+
+def _shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: Tracks, rel: list[str],
+                  kpos: np.ndarray, stages: Callable[[str], None]) -> tuple[Tracks, float | None, dict]:
+    """(tracks corrected for the readout, the readout or None when unknown, the
+    measurement's curve): `[slam] rolling_shutter` when given, else measured against
+    the gyro (`rolling.estimate_readout`); without an IMU left uncorrected."""
+    if opts.rolling_shutter is not None:
+        return rolling.corrected(tracks, opts.rolling_shutter, session.fps), opts.rolling_shutter, {}
+    if imu is None:
+        return tracks, None, {}
+    stages("features (rolling shutter)")
+    cost = rolling.window_disagreement(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics,
+                                       opts.sfm_options(), imu, opts.max_imu_offset)
+    readout, curve = rolling.estimate_readout(tracks, session.fps, cost)
+    return rolling.corrected(tracks, readout, session.fps), readout, curve
 
 
 def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:

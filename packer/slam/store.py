@@ -27,7 +27,7 @@ import numpy as np
 from packer.session import Session, read_json
 from shardship.atomic import write_bytes, write_json
 
-SLAM_VERSION = 1  # bump when the output of the same inputs changes
+SLAM_VERSION = 2  # 2: tracks corrected for the rolling shutter. Bump when the output of the same inputs changes
 KEY = "shardship"
 
 

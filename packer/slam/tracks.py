@@ -82,6 +82,9 @@ class Tracks:
     keyframes: list[int] = field(default_factory=list)  # positions into the frame list given
     points: list[np.ndarray] = field(default_factory=list)
     ids: list[np.ndarray] = field(default_factory=list)
+    velocity: list[np.ndarray] = field(default_factory=list)  # (n_k, 2) image motion, px per frame, from the
+    # frame before (NaN for a corner found at this keyframe): what a rolling shutter smears (`rolling.py`)
+    height: int = 0  # frame rows
 
     def matches(self, a: int, b: int) -> np.ndarray:
         """(m, 2) uint32 keypoint index pairs between keyframes a and b (shared tracks)."""
@@ -214,18 +217,20 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
     allowed = np.full(prev.shape, 255, np.uint8) if opt.mask is None else opt.mask.copy()
     pts = _detect(prev, np.zeros((0, 2)), opt.max_tracks, opt, allowed)
     live = _Live(pts, np.arange(len(pts)), len(pts), [], {}, set(), allowed)
-    _keyframe(out, live, 0)
+    out.height = int(prev.shape[0])
+    _keyframe(out, live, 0, np.full_like(live.pts, np.nan))
     anchor = (prev, live.ids.copy(), live.pts.copy())  # the last candidate frame, for the backward check
     skipped = 0
     for i in range(1, n):
         cur = _gain_matched(prev, read_gray(paths[i]))
         p1, good = _lk(prev, cur, live.pts, opt)
+        step = (p1 - live.pts)[good]  # this frame's image motion, for the rolling-shutter correction
         live.pts, live.ids = p1[good], live.ids[good]
         prev = cur
         if i not in cand:
             continue
         good = _back_check(cur, live.pts, live.ids, anchor, opt)
-        live.pts, live.ids = live.pts[good], live.ids[good]
+        live.pts, live.ids, step = live.pts[good], live.ids[good], step[good]
         anchor = (cur, live.ids.copy(), live.pts.copy())
         ref_ids, ref_pts = live.history[-1]
         _c, ia, ib = np.intersect1d(live.ids, ref_ids, assume_unique=True, return_indices=True)
@@ -236,22 +241,24 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         if not take:
             skipped += 1
             continue
-        _prune(live, opt)
+        kept = _prune(live, opt)
+        step = step[kept]
         new = _detect(cur, live.pts, opt.max_tracks - len(live.pts), opt, live.static_mask)
         live.pts = np.vstack([live.pts, new]) if len(new) else live.pts
         live.ids = np.concatenate([live.ids, np.arange(live.next_id, live.next_id + len(new))])
         live.next_id += len(new)
-        _keyframe(out, live, i)
+        step = np.vstack([step, np.full((len(new), 2), np.nan, np.float32)]) if len(new) else step
+        _keyframe(out, live, i, step)
         anchor = (cur, live.ids.copy(), live.pts.copy())
         skipped = 0
     return _without(out, live.bad)
 
 
-def _prune(live: _Live, opt: TrackOptions) -> None:
+def _prune(live: _Live, opt: TrackOptions) -> np.ndarray:
     """At a keyframe: drop tracks off the epipolar geometry from now on, and tracks
     that stayed put while the scene moved with their whole history (their place is
     masked for detection): at once when the epipolar check also rejects them, else
-    after `static_votes` keyframes."""
+    after `static_votes` keyframes. Returns the keep mask over the tracks given."""
     import cv2
 
     drop = set(int(v) for v in _epipolar_outliers(live.ids, live.pts, live.history, opt))
@@ -262,15 +269,16 @@ def _prune(live: _Live, opt: TrackOptions) -> None:
             x, y = live.pts[live.ids == v][0]
             cv2.circle(live.static_mask, (int(x), int(y)), 2 * opt.min_distance, 0, -1)
     drop |= live.bad
-    if drop:
-        keep = ~np.isin(live.ids, np.fromiter(drop, np.int64))
-        live.pts, live.ids = live.pts[keep], live.ids[keep]
+    keep = ~np.isin(live.ids, np.fromiter(drop, np.int64)) if drop else np.ones(len(live.ids), bool)
+    live.pts, live.ids = live.pts[keep], live.ids[keep]
+    return keep
 
 
-def _keyframe(out: Tracks, live: _Live, pos: int) -> None:
+def _keyframe(out: Tracks, live: _Live, pos: int, step: np.ndarray) -> None:
     out.keyframes.append(pos)
     out.points.append(live.pts.astype(np.float32) + 0.5)  # OpenCV pixel centres are integers, COLMAP's at +0.5
     out.ids.append(live.ids.astype(np.int64))
+    out.velocity.append(step.astype(np.float32))
     live.history = (live.history + [(live.ids.copy(), live.pts.copy())])[-8:]  # epipolar_back <= 8
 
 
@@ -280,9 +288,10 @@ def _without(tracks: Tracks, bad: set[int]) -> Tracks:
     if not bad:
         return tracks
     b = np.fromiter(bad, np.int64)
-    out = Tracks(list(tracks.keyframes))
-    for p, i in zip(tracks.points, tracks.ids):
+    out = Tracks(list(tracks.keyframes), height=tracks.height)
+    for p, i, v in zip(tracks.points, tracks.ids, tracks.velocity):
         keep = ~np.isin(i, b)
         out.points.append(p[keep])
         out.ids.append(i[keep])
+        out.velocity.append(v[keep])
     return out

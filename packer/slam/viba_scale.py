@@ -43,7 +43,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     except AlignmentError as e:
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
     disagree = al.residual / max(al.rotation_rms, 1e-9)
-    vopt = VibaOptions(rolling_shutter=opts.rolling_shutter)
+    # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
+    vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
     if disagree > vopt.max_gyro_disagreement:
         raise session.error(
             "rgb/",

@@ -1,0 +1,165 @@
+"""The phone's rolling shutter, taken out of the tracked corners before SfM.
+
+A phone sensor reads its rows one after another: row y of a frame is exposed
+(y / H - 1/2) * readout after the frame's time stamp (the middle row). A hand
+turning at 3 rad/s with a 20 ms readout moves the image ~25 px between the top and
+the bottom row, so every frame is sheared and stretched by an amount that follows
+the motion. SfM assumes one pose per frame: it bends the whole model to explain
+the shear (the rotations disagree with the gyro by 10-100%, the focal length drifts,
+bench/results/slam_hard.csv), and no scale fixes that.
+
+The correction is model-free: each corner's own image motion (the tracker measures
+it every frame) says where it was at the frame time, p - v * (y / H - 1/2) * readout.
+It needs no camera-IMU rotation and holds for translation as well as rotation.
+
+The readout itself is not in the app's export and differs between phones and video
+modes, so it is measured (`estimate_readout`): on the busiest few seconds of the
+session a small SfM is run for each candidate readout and the one whose rotations
+agree best with the gyro wins (a parabola through the best and its neighbours).
+A global shutter comes out at ~0, and the correction then does (almost) nothing."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from packer.slam.tracks import Tracks
+
+READOUTS = (0.0, 0.01, 0.02, 0.03)  # s, candidate readouts (phones: 0 for a global shutter, ~5-33 ms rolling)
+WINDOW_S = 3.0  # seconds of the session the readout is measured on
+MIN_SHIFT_PX = 0.5  # below this RMS edge displacement at the largest candidate, the readout cannot matter
+
+
+def _filled(points: np.ndarray, velocity: np.ndarray) -> np.ndarray:
+    """Velocities with the unknown ones (NaN: corners found at this keyframe) taken
+    from a quadratic flow field fitted to the known ones (a camera's rotation moves
+    the image smoothly; the parallax of translation is the smaller part)."""
+    v = velocity.astype(np.float64).copy()
+    bad = ~np.all(np.isfinite(v), axis=1)
+    if not bad.any():
+        return v
+    good = ~bad
+    if good.sum() < 12:
+        v[bad] = np.nanmedian(v[good], axis=0) if good.any() else 0.0
+        return v
+    x, y = points[:, 0] / 240.0 - 1.0, points[:, 1] / 180.0 - 1.0
+    A = np.column_stack([np.ones_like(x), x, y, x * x, x * y, y * y])
+    coef, *_ = np.linalg.lstsq(A[good], v[good], rcond=None)
+    v[bad] = A[bad] @ coef
+    return v
+
+
+def corrected(tracks: Tracks, readout: float, fps: float) -> Tracks:
+    """`tracks` with every observation moved to where a global shutter at the frame
+    time would have seen it (module docstring). readout in s; 0 returns `tracks`."""
+    if readout <= 0 or not tracks.velocity or tracks.height <= 0:
+        return tracks
+    pts = []
+    for p, v in zip(tracks.points, tracks.velocity):
+        dt_frames = (p[:, 1] / tracks.height - 0.5) * readout * fps  # this row's delay, in frames
+        pts.append((p - _filled(p, v) * dt_frames[:, None]).astype(np.float32))
+    return dataclasses.replace(tracks, points=pts)
+
+
+def edge_shift_px(tracks: Tracks, readout: float, fps: float) -> float:
+    """RMS displacement the correction would make at the top and bottom rows: the
+    size of the effect a readout could have on this session."""
+    v = np.concatenate([x[np.all(np.isfinite(x), axis=1)] for x in tracks.velocity] or [np.zeros((0, 2))])
+    if not len(v):
+        return 0.0
+    return float(np.sqrt(np.mean(np.sum(v**2, axis=1)))) * 0.5 * readout * fps
+
+
+def busiest_window(times: np.ndarray, rates: np.ndarray, seconds: float = WINDOW_S) -> tuple[int, int]:
+    """[a, b) keyframe index range of about `seconds` whose image motion (`rates`, one
+    per keyframe) is largest: where a rolling shutter shows most."""
+    n = len(times)
+    if n == 0 or times[-1] - times[0] <= seconds:
+        return 0, n
+    c = np.concatenate([[0.0], np.cumsum(rates)])
+    best, best_ab = -1.0, (0, n)
+    b = 0
+    for a in range(n):
+        while b < n and times[b] - times[a] < seconds:
+            b += 1
+        if c[b] - c[a] > best:
+            best, best_ab = c[b] - c[a], (a, b)
+    return best_ab
+
+
+def subset(tracks: Tracks, a: int, b: int) -> Tracks:
+    """Keyframes [a, b) of `tracks`."""
+    return dataclasses.replace(tracks, keyframes=tracks.keyframes[a:b], points=tracks.points[a:b],
+                               ids=tracks.ids[a:b], velocity=tracks.velocity[a:b])
+
+
+def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks, int, int], float],
+                     candidates: Sequence[float] = READOUTS) -> tuple[float, dict[str, float]]:
+    """(readout in s, {candidate ms: gyro disagreement}) on the busiest window:
+    `disagreement(tracks, a, b)` maps the corrected tracks of that window (keyframes
+    [a, b)) to the gyro-vs-SfM rotation residual over the rotation rate (inf: no model).
+
+    The disagreement grows about linearly on either side of the true readout (a V,
+    bench: 0.8% at the truth, 3-6% 10 ms away), so three SfMs suffice: the two middle
+    candidates' better side decides the third, and a V through the best point and
+    its neighbours places the minimum (a parabola would pull it to the middle)."""
+    rates = np.array([float(np.median(np.linalg.norm(v[np.all(np.isfinite(v), axis=1)], axis=1)))
+                      if np.isfinite(v).all(axis=1).any() else 0.0 for v in tracks.velocity])
+    a, b = busiest_window(np.asarray(tracks.keyframes, np.float64) / fps, rates)
+    win = subset(tracks, a, b)
+    if edge_shift_px(win, max(candidates), fps) < MIN_SHIFT_PX:
+        return 0.0, {}
+    r = sorted(candidates)
+    cost: dict[float, float] = {}
+    for c in (r[1], r[2]):
+        cost[c] = disagreement(corrected(win, c, fps), a, b)
+    third = r[0] if cost[r[1]] <= cost[r[2]] else r[3]
+    cost[third] = disagreement(corrected(win, third, fps), a, b)
+    curve = {f"{1000 * c:.0f}": round(v, 5) for c, v in sorted(cost.items())}
+    xs = sorted(cost)
+    ys = np.array([cost[x] for x in xs])
+    i = int(np.argmin(ys))
+    if not np.isfinite(ys[i]):
+        return 0.0, curve
+    if 0 < i < len(xs) - 1 and np.isfinite(ys[i - 1]) and np.isfinite(ys[i + 1]):
+        return _v_minimum(xs[i - 1:i + 2], ys[i - 1:i + 2]), curve
+    return float(xs[i]), curve
+
+
+def _v_minimum(x: Sequence[float], y: np.ndarray) -> float:
+    """Where a symmetric V through three equally spaced points (the middle lowest)
+    has its tip: the steeper side sets the slope."""
+    h = x[1] - x[0]
+    m = max(y[0] - y[1], y[2] - y[1]) / h
+    if m <= 0:
+        return float(x[1])
+    return float(np.clip(x[1] + 0.5 * (y[0] - y[2]) / m, x[0], x[2]))
+
+
+def window_disagreement(image_dir, rel: list[str], times: np.ndarray, intrinsics, sfm, imu,
+                        max_offset: float | None) -> Callable[[Tracks, int, int], float]:
+    """`disagreement(window_tracks, a, b)` for `estimate_readout`: SfM on keyframes
+    [a, b) (`rel`: their image names; `times`: their frame times), then the gyro
+    alignment's residual over the rotation rate; inf when SfM or the alignment fails
+    or registers less than 80% of the window."""
+    from packer.slam.colmap import SfmError, reconstruct
+    from packer.slam.imu_align import AlignmentError, align_imu
+
+    def disagreement(win: Tracks, a: int, b: int) -> float:
+        try:
+            model = reconstruct(image_dir, rel[a:b], intrinsics, sfm, tracks=win)
+        except SfmError:
+            return float("inf")
+        where = {n: i for i, n in enumerate(model.names)}
+        idx = [k for k, n in enumerate(rel[a:b]) if n in where]
+        if len(idx) < 0.8 * (b - a):
+            return float("inf")
+        T = model.camera_to_world()[[where[rel[a + k]] for k in idx]]
+        try:
+            al = align_imu(times[a:b][idx], T[:, :3, :3], imu.t, imu.gyro, max_offset=max_offset)
+        except AlignmentError:
+            return float("inf")
+        return float(al.residual / max(al.rotation_rms, 1e-9))
+
+    return disagreement

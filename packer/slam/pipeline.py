@@ -319,9 +319,10 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
         kpos = keyframe_positions(session.n_frames, step)
     names = [session.frame_paths[i].name for i in kpos]
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
-    readout, curve = None, {}
+    readout: float | None = None
+    curve: dict = {}
     if tracks is not None:
-        tracks, readout, curve = _shutter_free(session, opts, imu, tracks, rel, kpos, stages)
+        tracks, readout, curve = rolling.shutter_free(session, opts, imu, tracks, rel, kpos, stages)
     try:
         model = reconstruct_chunked(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(),
                                     stage=stages, tracks=tracks,
@@ -331,22 +332,6 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
     model.rolling_shutter, model.rolling_shutter_curve = readout, curve
     key_pos, key_T = _registered(model, names, kpos)
     return kpos, model, key_pos, key_T
-
-
-def _shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: Tracks, rel: list[str],
-                  kpos: np.ndarray, stages: Callable[[str], None]) -> tuple[Tracks, float | None, dict]:
-    """(tracks corrected for the readout, the readout or None when unknown, the
-    measurement's curve): `[slam] rolling_shutter` when given, else measured against
-    the gyro (`rolling.estimate_readout`); without an IMU left uncorrected."""
-    if opts.rolling_shutter is not None:
-        return rolling.corrected(tracks, opts.rolling_shutter, session.fps), opts.rolling_shutter, {}
-    if imu is None:
-        return tracks, None, {}
-    stages("features (rolling shutter)")
-    cost = rolling.window_disagreement(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics,
-                                       opts.sfm_options(), imu, opts.max_imu_offset)
-    readout, curve = rolling.estimate_readout(tracks, session.fps, cost)
-    return rolling.corrected(tracks, readout, session.fps), readout, curve
 
 
 def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:

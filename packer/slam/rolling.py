@@ -21,10 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packer.slam.tracks import Tracks
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from packer.session import Imu, Session
+    from packer.slam.colmap import SfmOptions
+    from packer.slam.options import SlamOptions
 
 READOUTS = (0.0, 0.01, 0.02, 0.03)  # s, candidate readouts (phones: 0 for a global shutter, ~5-33 ms rolling)
 WINDOW_S = 3.0  # seconds of the session the readout is measured on
@@ -137,7 +145,8 @@ def _v_minimum(x: Sequence[float], y: np.ndarray) -> float:
     return float(np.clip(x[1] + 0.5 * (y[0] - y[2]) / m, x[0], x[2]))
 
 
-def window_disagreement(image_dir, rel: list[str], times: np.ndarray, intrinsics, sfm, imu,
+def window_disagreement(image_dir: Path, rel: list[str], times: np.ndarray,
+                        intrinsics: tuple[float, float, float, float] | None, sfm: SfmOptions, imu: Imu,
                         max_offset: float | None) -> Callable[[Tracks, int, int], float]:
     """`disagreement(window_tracks, a, b)` for `estimate_readout`: SfM on keyframes
     [a, b) (`rel`: their image names; `times`: their frame times), then the gyro
@@ -163,3 +172,19 @@ def window_disagreement(image_dir, rel: list[str], times: np.ndarray, intrinsics
         return float(al.residual / max(al.rotation_rms, 1e-9))
 
     return disagreement
+
+
+def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: Tracks, rel: list[str],
+                 kpos: np.ndarray, stages: Callable[[str], None]) -> tuple[Tracks, float | None, dict]:
+    """(tracks corrected for the readout, the readout or None when unknown, the
+    measurement's curve): `[slam] rolling_shutter` when given, else measured against
+    the gyro (`estimate_readout`); without an IMU left uncorrected."""
+    if opts.rolling_shutter is not None:
+        return corrected(tracks, opts.rolling_shutter, session.fps), opts.rolling_shutter, {}
+    if imu is None:
+        return tracks, None, {}
+    stages("features (rolling shutter)")
+    cost = window_disagreement(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics,
+                               opts.sfm_options(), imu, opts.max_imu_offset)
+    readout, curve = estimate_readout(tracks, session.fps, cost)
+    return corrected(tracks, readout, session.fps), readout, curve

@@ -130,19 +130,26 @@ def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks,
     i = int(np.argmin(ys))
     if not np.isfinite(ys[i]):
         return 0.0, curve
-    if 0 < i < len(xs) - 1 and np.isfinite(ys[i - 1]) and np.isfinite(ys[i + 1]):
-        return _v_minimum(xs[i - 1:i + 2], ys[i - 1:i + 2]), curve
-    return float(xs[i]), curve
+    if not np.all(np.isfinite(ys)):
+        return float(xs[i]), curve
+    return _v_tip(np.asarray(xs, np.float64), ys), curve
 
 
-def _v_minimum(x: Sequence[float], y: np.ndarray) -> float:
-    """Where a symmetric V through three equally spaced points (the middle lowest)
-    has its tip: the steeper side sets the slope."""
-    h = x[1] - x[0]
-    m = max(y[0] - y[1], y[2] - y[1]) / h
+def _v_tip(x: np.ndarray, y: np.ndarray) -> float:
+    """Where a symmetric V through three equally spaced points has its tip, within
+    [x0, x2]: the steeper arm sets the slope; when the lowest point is at an end, the
+    other two give the slope and the tip lies between the end and its neighbour."""
+    h = float(x[1] - x[0])
+    i = int(np.argmin(y))
+    if i == 1:
+        m = max(y[0] - y[1], y[2] - y[1]) / h
+        return float(x[1]) if m <= 0 else float(np.clip(x[1] + 0.5 * (y[0] - y[2]) / m, x[0], x[2]))
+    j, k = (1, 2) if i == 0 else (1, 0)  # the neighbour, then the far point
+    m = (y[k] - y[j]) / h
     if m <= 0:
-        return float(x[1])
-    return float(np.clip(x[1] + 0.5 * (y[0] - y[2]) / m, x[0], x[2]))
+        return float(x[i])
+    return float(np.clip(0.5 * (x[i] + x[j]) + np.sign(x[i] - x[j]) * 0.5 * (y[j] - y[i]) / m,
+                         min(x[i], x[j]), max(x[i], x[j])))
 
 
 def window_disagreement(image_dir: Path, rel: list[str], times: np.ndarray,

@@ -66,7 +66,7 @@ def reconstruct_chunked(image_dir: Path, image_names: list[str], intrinsics: tup
     joins: list[dict[str, Any]] = []
     first_error: SfmError | None = None
     for i, (a, b) in enumerate(ranges):
-        part = None if tracks is None else Tracks(tracks.keyframes[a:b], tracks.points[a:b], tracks.ids[a:b])
+        part = None if tracks is None else tracks.subset(a, b)
         label = f"part {i + 1}/{len(ranges)}, keyframes {a}-{b - 1}"
 
         def labelled(s: str, label: str = label) -> None:

@@ -153,8 +153,12 @@ def reconstruct(
             _sift_matching(pycolmap, db, opt)
         else:
             _track_matches(pycolmap, db, image_dir, image_names, reader, tracks, opt)
+        gyro = tracks is not None and tracks.rotations is not None and intrinsics is not None
+        if gyro:
+            assert tracks is not None and intrinsics is not None
+            _gyro_geometries(pycolmap, db, image_names, tracks, intrinsics)
         note(f"mapping ({opt.mapper})")
-        models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=not refine)
+        models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=not refine, gyro_poses=gyro)
         if not models:
             raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {_diagnose(db)}")
         sizes = sorted(((rec.num_reg_images(), k) for k, rec in models.items()), reverse=True)
@@ -231,6 +235,36 @@ def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], 
     pycolmap.geometric_verification(db, verifier, two_view_geometry_options=two_view)
 
 
+def _gyro_geometries(pycolmap, db: Path, image_names: list[str], tracks: Tracks,
+                     intrinsics: tuple[float, float, float, float]) -> None:
+    """Every verified pair's relative pose from the gyro (`packer.slam.gyro_prior`):
+    the rotation between the two keyframes' gyro orientations, the translation's
+    direction from the pair's inlier matches with that rotation fixed."""
+    from packer.slam.gyro_prior import bearings, translation_direction
+
+    assert tracks.rotations is not None
+    d = pycolmap.Database.open(str(db))
+    try:
+        pos = {n: k for k, n in enumerate(image_names)}
+        where = {im.image_id: pos[im.name] for im in d.read_all_images()}
+        C = pycolmap.TwoViewGeometryConfiguration
+        pair_ids, geoms = d.read_two_view_geometries()
+        for pid, g in zip(pair_ids, geoms):
+            if g.config in (C.UNDEFINED, C.DEGENERATE):
+                continue
+            i1, i2 = pycolmap.pair_id_to_image_pair(pid)
+            a, b = where[i1], where[i2]
+            R = tracks.rotations[b].T @ tracks.rotations[a]  # cam_b from cam_a
+            m = np.asarray(g.inlier_matches, dtype=np.int64).reshape(-1, 2)
+            t = translation_direction(bearings(tracks.points[a][m[:, 0]], intrinsics),
+                                      bearings(tracks.points[b][m[:, 1]], intrinsics), R)
+            g.cam2_from_cam1 = pycolmap.Rigid3d(pycolmap.Rotation3d(R), t)
+            g.config = C.CALIBRATED
+            d.update_two_view_geometry(i1, i2, g)
+    finally:
+        d.close()
+
+
 def _feature_counts(db: Path) -> list[int]:
     import pycolmap
 
@@ -281,9 +315,11 @@ def _is_identity(H: np.ndarray, tol_px: float = 0.5) -> bool:
     return bool(np.max(np.abs(q - pts[:, :2])) < tol_px)
 
 
-def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_intrinsics: bool) -> dict:
+def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_intrinsics: bool,
+         gyro_poses: bool = False) -> dict:
     if opt.mapper == "global":
         o = pycolmap.GlobalPipelineOptions()
+        o.decompose_relative_pose = not gyro_poses  # the gyro's relative poses are in the database already
         o.num_threads = opt.threads
         o.random_seed = opt.seed
         m = o.mapper

@@ -56,6 +56,8 @@ class SlamOptions:
     # bench/results/viba.md)
     rolling_shutter: float | None = None  # the sensor's readout in s (0: global shutter); None: measured against the
     # gyro on the busiest 4 s (packer/slam/rolling.py); the tracks (and viba's observations) are corrected for it
+    gyro_prior: bool = False  # experimental: the gyro's relative rotations as the SfM's two-view rotations, and tracks
+    # off the gyro's geometry dropped (packer/slam/gyro_prior.py; bench/results/slam_hard_rolling.csv)
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True

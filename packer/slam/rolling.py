@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from packer.session import Imu, Session
     from packer.slam.colmap import SfmOptions
+    from packer.slam.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
 
 READOUTS = (0.0, 0.01, 0.02, 0.03)  # s, candidate readouts (phones: 0 for a global shutter, ~5-33 ms rolling)
@@ -79,6 +80,12 @@ def edge_shift_px(tracks: Tracks, readout: float, fps: float) -> float:
     return float(np.sqrt(np.mean(np.sum(v**2, axis=1)))) * 0.5 * readout * fps
 
 
+def _rates(tracks: Tracks) -> np.ndarray:
+    """Median image speed (px per frame) of each keyframe's corners."""
+    return np.array([float(np.median(np.linalg.norm(v[np.all(np.isfinite(v), axis=1)], axis=1)))
+                     if np.isfinite(v).all(axis=1).any() else 0.0 for v in tracks.velocity])
+
+
 def busiest_window(times: np.ndarray, rates: np.ndarray, seconds: float = WINDOW_S) -> tuple[int, int]:
     """[a, b) keyframe index range of about `seconds` whose image motion (`rates`, one
     per keyframe) is largest: where a rolling shutter shows most."""
@@ -96,12 +103,6 @@ def busiest_window(times: np.ndarray, rates: np.ndarray, seconds: float = WINDOW
     return best_ab
 
 
-def subset(tracks: Tracks, a: int, b: int) -> Tracks:
-    """Keyframes [a, b) of `tracks`."""
-    return dataclasses.replace(tracks, keyframes=tracks.keyframes[a:b], points=tracks.points[a:b],
-                               ids=tracks.ids[a:b], velocity=tracks.velocity[a:b])
-
-
 def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks, int, int], float],
                      candidates: Sequence[float] = READOUTS) -> tuple[float, dict[str, float]]:
     """(readout in s, {candidate ms: gyro disagreement}) on the busiest window:
@@ -112,10 +113,8 @@ def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks,
     bench: 0.8% at the truth, 3-6% 10 ms away), so three SfMs suffice: the two middle
     candidates' better side decides the third, and a V through the best point and
     its neighbours places the minimum (a parabola would pull it to the middle)."""
-    rates = np.array([float(np.median(np.linalg.norm(v[np.all(np.isfinite(v), axis=1)], axis=1)))
-                      if np.isfinite(v).all(axis=1).any() else 0.0 for v in tracks.velocity])
-    a, b = busiest_window(np.asarray(tracks.keyframes, np.float64) / fps, rates)
-    win = subset(tracks, a, b)
+    a, b = busiest_window(np.asarray(tracks.keyframes, np.float64) / fps, _rates(tracks))
+    win = tracks.subset(a, b)
     if edge_shift_px(win, max(candidates), fps) < MIN_SHIFT_PX:
         return 0.0, {}
     r = sorted(candidates)
@@ -152,46 +151,68 @@ def _v_tip(x: np.ndarray, y: np.ndarray) -> float:
                          min(x[i], x[j]), max(x[i], x[j])))
 
 
-def window_disagreement(image_dir: Path, rel: list[str], times: np.ndarray,
-                        intrinsics: tuple[float, float, float, float] | None, sfm: SfmOptions, imu: Imu,
-                        max_offset: float | None) -> Callable[[Tracks, int, int], float]:
+class WindowSfm:
     """`disagreement(window_tracks, a, b)` for `estimate_readout`: SfM on keyframes
     [a, b) (`rel`: their image names; `times`: their frame times), then the gyro
     alignment's residual over the rotation rate; inf when SfM or the alignment fails
-    or registers less than 80% of the window."""
-    from packer.slam.colmap import SfmError, reconstruct
-    from packer.slam.imu_align import AlignmentError, align_imu
+    or registers less than 80% of the window. Keeps the best alignment: the camera-IMU
+    rotation, clock offset and gyro bias the main SfM's gyro prior needs."""
 
-    def disagreement(win: Tracks, a: int, b: int) -> float:
+    def __init__(self, image_dir: Path, rel: list[str], times: np.ndarray,
+                 intrinsics: tuple[float, float, float, float] | None, sfm: SfmOptions, imu: Imu,
+                 max_offset: float | None):
+        self.image_dir, self.rel, self.times, self.intrinsics = image_dir, rel, times, intrinsics
+        self.sfm, self.imu, self.max_offset = sfm, imu, max_offset
+        self.best: tuple[float, ImuAlignment, list[float]] | None = None  # (cost, alignment, SfM camera)
+
+    def __call__(self, win: Tracks, a: int, b: int) -> float:
+        from packer.slam.colmap import SfmError, reconstruct
+        from packer.slam.imu_align import AlignmentError, align_imu
+
         try:
-            model = reconstruct(image_dir, rel[a:b], intrinsics, sfm, tracks=win)
+            model = reconstruct(self.image_dir, self.rel[a:b], self.intrinsics, self.sfm, tracks=win)
         except SfmError:
             return float("inf")
         where = {n: i for i, n in enumerate(model.names)}
-        idx = [k for k, n in enumerate(rel[a:b]) if n in where]
+        idx = [k for k, n in enumerate(self.rel[a:b]) if n in where]
         if len(idx) < 0.8 * (b - a):
             return float("inf")
-        T = model.camera_to_world()[[where[rel[a + k]] for k in idx]]
+        T = model.camera_to_world()[[where[self.rel[a + k]] for k in idx]]
         try:
-            al = align_imu(times[a:b][idx], T[:, :3, :3], imu.t, imu.gyro, max_offset=max_offset)
+            al = align_imu(self.times[a:b][idx], T[:, :3, :3], self.imu.t, self.imu.gyro, max_offset=self.max_offset)
         except AlignmentError:
             return float("inf")
-        return float(al.residual / max(al.rotation_rms, 1e-9))
-
-    return disagreement
+        cost = float(al.residual / max(al.rotation_rms, 1e-9))
+        if self.best is None or cost < self.best[0]:
+            self.best = (cost, al, list(model.camera))
+        return cost
 
 
 def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: Tracks, rel: list[str],
                  kpos: np.ndarray, stages: Callable[[str], None]) -> tuple[Tracks, float | None, dict]:
-    """(tracks corrected for the readout, the readout or None when unknown, the
-    measurement's curve): `[slam] rolling_shutter` when given, else measured against
-    the gyro (`estimate_readout`); without an IMU left uncorrected."""
-    if opts.rolling_shutter is not None:
-        return corrected(tracks, opts.rolling_shutter, session.fps), opts.rolling_shutter, {}
+    """(tracks corrected for the readout and carrying the gyro's rotations, the readout
+    or None when unknown, the measurement's curve). The readout is `[slam]
+    rolling_shutter` when given, else measured against the gyro (`estimate_readout`);
+    the window SfMs that measure it also align the gyro, whose rotations then guide
+    the main SfM (`gyro_prior.py`). Without an IMU the tracks are left as they are."""
     if imu is None:
-        return tracks, None, {}
+        r = opts.rolling_shutter
+        return (tracks, None, {}) if r is None else (corrected(tracks, r, session.fps), r, {})
     stages("features (rolling shutter)")
-    cost = window_disagreement(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics,
-                               opts.sfm_options(), imu, opts.max_imu_offset)
-    readout, curve = estimate_readout(tracks, session.fps, cost)
-    return corrected(tracks, readout, session.fps), readout, curve
+    win = WindowSfm(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics, opts.sfm_options(), imu,
+                    opts.max_imu_offset)
+    curve: dict = {}
+    if opts.rolling_shutter is None:
+        readout, curve = estimate_readout(tracks, session.fps, win)
+    else:
+        readout = opts.rolling_shutter
+    fixed = corrected(tracks, readout, session.fps)
+    if win.best is None and opts.gyro_prior:  # no search ran (little motion, or the readout was given): align once
+        a, b = busiest_window(session.timestamps[kpos], _rates(fixed))
+        win(fixed.subset(a, b), a, b)
+    if win.best is not None and opts.gyro_prior:
+        from packer.slam.gyro_prior import drop_off_gyro, gyro_rotations
+
+        fixed = dataclasses.replace(fixed, rotations=gyro_rotations(imu, win.best[1], session.timestamps[kpos]))
+        fixed = drop_off_gyro(fixed, win.best[2])
+    return fixed, readout, curve

@@ -85,6 +85,13 @@ class Tracks:
     velocity: list[np.ndarray] = field(default_factory=list)  # (n_k, 2) image motion, px per frame, from the
     # frame before (NaN for a corner found at this keyframe): what a rolling shutter smears (`rolling.py`)
     height: int = 0  # frame rows
+    rotations: np.ndarray | None = None  # (K,3,3) camera-to-world from the gyro when known (`gyro_prior.py`):
+    # the verified pairs' relative rotations are written from them
+
+    def subset(self, a: int, b: int) -> Tracks:
+        """Keyframes [a, b)."""
+        return Tracks(self.keyframes[a:b], self.points[a:b], self.ids[a:b], self.velocity[a:b], self.height,
+                      None if self.rotations is None else self.rotations[a:b])
 
     def matches(self, a: int, b: int) -> np.ndarray:
         """(m, 2) uint32 keypoint index pairs between keyframes a and b (shared tracks)."""
@@ -251,7 +258,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         _keyframe(out, live, i, step)
         anchor = (cur, live.ids.copy(), live.pts.copy())
         skipped = 0
-    return _without(out, live.bad)
+    return without(out, live.bad)
 
 
 def _prune(live: _Live, opt: TrackOptions) -> np.ndarray:
@@ -282,13 +289,13 @@ def _keyframe(out: Tracks, live: _Live, pos: int, step: np.ndarray) -> None:
     live.history = (live.history + [(live.ids.copy(), live.pts.copy())])[-8:]  # epipolar_back <= 8
 
 
-def _without(tracks: Tracks, bad: set[int]) -> Tracks:
+def without(tracks: Tracks, bad: set[int]) -> Tracks:
     """`tracks` with every observation of a dropped track removed, also from the
     keyframes before it was found out."""
     if not bad:
         return tracks
     b = np.fromiter(bad, np.int64)
-    out = Tracks(list(tracks.keyframes), height=tracks.height)
+    out = Tracks(list(tracks.keyframes), height=tracks.height, rotations=tracks.rotations)
     for p, i, v in zip(tracks.points, tracks.ids, tracks.velocity):
         keep = ~np.isin(i, b)
         out.points.append(p[keep])

@@ -86,7 +86,9 @@ def off_the_gyro(ids_a: np.ndarray, xa: np.ndarray, ids_b: np.ndarray, xb: np.nd
     translation cannot explain (more than `max_px` off the epipolar line): corners on
     the glove or a finger (they stay put while the scene turns), or sliding on a plain
     patch. The translation is refitted twice without the worst third, so a quarter of
-    the corners on the glove cannot tilt it."""
+    the corners on the glove cannot tilt it. A corner whose rotational flow runs along
+    its epipolar line (translation parallel to that flow) fits in that pair; 19 of 30
+    such corners were caught in one synthetic pair, the rest by the other pairs."""
     _c, ia, ib = np.intersect1d(ids_a, ids_b, assume_unique=True, return_indices=True)
     if len(ia) < 8:
         return np.zeros(0, np.int64)

@@ -83,7 +83,8 @@ class Tracks:
     points: list[np.ndarray] = field(default_factory=list)
     ids: list[np.ndarray] = field(default_factory=list)
     velocity: list[np.ndarray] = field(default_factory=list)  # (n_k, 2) image motion, px per frame, from the
-    # frame before (NaN for a corner found at this keyframe): what a rolling shutter smears (`rolling.py`)
+    # frame before (a corner found at this keyframe: to the frame after; NaN if it died there): what a rolling
+    # shutter smears (`rolling.py`)
     height: int = 0  # frame rows
     rotations: np.ndarray | None = None  # (K,3,3) camera-to-world from the gyro when known (`gyro_prior.py`):
     # the verified pairs' relative rotations are written from them
@@ -233,6 +234,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         p1, good = _lk(prev, cur, live.pts, opt)
         step = (p1 - live.pts)[good]  # this frame's image motion, for the rolling-shutter correction
         live.pts, live.ids = p1[good], live.ids[good]
+        _fill_forward(out.velocity[-1], out.ids[-1], live.ids, step)  # corners new at the last keyframe
         prev = cur
         if i not in cand:
             continue
@@ -259,6 +261,16 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         anchor = (cur, live.ids.copy(), live.pts.copy())
         skipped = 0
     return without(out, live.bad)
+
+
+def _fill_forward(velocity: np.ndarray, ids: np.ndarray, live_ids: np.ndarray, step: np.ndarray) -> None:
+    """A keyframe's corners without a measured motion (found there: NaN) take their
+    motion to the next frame, where they have one (in place)."""
+    unknown = ~np.isfinite(velocity[:, 0])
+    if not unknown.any():
+        return
+    _c, ia, ib = np.intersect1d(ids[unknown], live_ids, assume_unique=True, return_indices=True)
+    velocity[np.nonzero(unknown)[0][ia]] = step[ib]
 
 
 def _prune(live: _Live, opt: TrackOptions) -> np.ndarray:

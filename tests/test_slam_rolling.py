@@ -97,3 +97,14 @@ def test_fast_motion_with_a_rolling_shutter_is_accepted_at_the_defaults(tmp_path
     assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
     assert abs(info["rolling_shutter"] - 0.020) < 0.004, info["rolling_shutter_curve"]
+
+
+def test_a_corner_new_at_a_keyframe_takes_its_motion_to_the_next_frame():
+    from packer.slam.tracks import _fill_forward
+
+    v = np.array([[1.0, 2.0], [np.nan, np.nan], [np.nan, np.nan]], np.float32)
+    ids = np.array([10, 11, 12])
+    _fill_forward(v, ids, live_ids=np.array([10, 12, 13]), step=np.array([[9.0, 9.0], [3.0, -4.0], [7.0, 7.0]]))
+    np.testing.assert_allclose(v[0], [1.0, 2.0])  # measured from the frame before: kept
+    assert np.isnan(v[1]).all()  # died before the next frame: the flow field fills it later
+    np.testing.assert_allclose(v[2], [3.0, -4.0])

@@ -87,7 +87,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_rel_std": rel_std,
         "scale_fit_rel_std": r.rel_std,  # from the marginal covariance
         "scale_model_rel_std": model_std,
-        "rolling_shutter": r.rolling_shutter,
+        # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
+        **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),
         "scale_start": sr.scale,
         "accel_mode": sr.accel_mode,
         "accel_sign": sr.accel_sign,

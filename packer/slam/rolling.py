@@ -13,10 +13,10 @@ it every frame) says where it was at the frame time, p - v * (y / H - 1/2) * rea
 It needs no camera-IMU rotation and holds for translation as well as rotation.
 
 The readout itself is not in the app's export and differs between phones and video
-modes, so it is measured (`estimate_readout`): on the busiest few seconds of the
-session a small SfM is run for each candidate readout and the one whose rotations
-agree best with the gyro wins (a parabola through the best and its neighbours).
-A global shutter comes out at ~0, and the correction then does (almost) nothing."""
+modes, so it is measured (`estimate_readout`): on the busiest 3 s of the session a
+small SfM is run for three candidate readouts and the one whose rotations agree best
+with the gyro wins (the tip of a V through the three). A global shutter comes out at
+0-3 ms, and the correction then moves a corner by a fraction of a pixel."""
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +52,7 @@ def _filled(points: np.ndarray, velocity: np.ndarray) -> np.ndarray:
     if good.sum() < 12:
         v[bad] = np.nanmedian(v[good], axis=0) if good.any() else 0.0
         return v
-    x, y = points[:, 0] / 240.0 - 1.0, points[:, 1] / 180.0 - 1.0
+    x, y = points[:, 0] / 240.0 - 1.0, points[:, 1] / 180.0 - 1.0  # about [-1, 1] on 480x360: conditioning only
     A = np.column_stack([np.ones_like(x), x, y, x * x, x * y, y * y])
     coef, *_ = np.linalg.lstsq(A[good], v[good], rcond=None)
     v[bad] = A[bad] @ coef

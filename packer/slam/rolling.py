@@ -193,8 +193,9 @@ def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: T
     """(tracks corrected for the readout and carrying the gyro's rotations, the readout
     or None when unknown, the measurement's curve). The readout is `[slam]
     rolling_shutter` when given, else measured against the gyro (`estimate_readout`);
-    the window SfMs that measure it also align the gyro, whose rotations then guide
-    the main SfM (`gyro_prior.py`). Without an IMU the tracks are left as they are."""
+    with `[slam] gyro_prior` (experimental) the window SfMs that measure it also align
+    the gyro, whose rotations then guide the main SfM (`gyro_prior.py`). Without an
+    IMU the tracks are left as they are (or corrected for a readout given)."""
     if imu is None:
         r = opts.rolling_shutter
         return (tracks, None, {}) if r is None else (corrected(tracks, r, session.fps), r, {})

@@ -15,7 +15,7 @@ It needs no camera-IMU rotation and holds for translation as well as rotation.
 The readout itself is not in the app's export and differs between phones and video
 modes, so it is measured (`estimate_readout`): on the busiest 3 s of the session a
 small SfM is run for three candidate readouts and the one whose rotations agree best
-with the gyro wins (the tip of a V through the three). A global shutter comes out at
+with the gyro wins (the vertex of a hyperbola through the three). A global shutter comes out at
 0-3 ms, and the correction then moves a corner by a fraction of a pixel."""
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 READOUTS = (0.0, 0.01, 0.02, 0.03)  # s, candidate readouts (phones: 0 for a global shutter, ~5-33 ms rolling)
 WINDOW_S = 3.0  # seconds of the session the readout is measured on
 MIN_SHIFT_PX = 0.5  # below this RMS edge displacement at the largest candidate, the readout cannot matter
+MIN_READOUT = 0.002  # s: a measured readout below this is read as a global shutter (the search resolves ~1 ms;
+# on a global-shutter session 0.6 ms moved the scale 0.08%, 2.7 ms 0.4%)
 
 
 def _filled(points: np.ndarray, velocity: np.ndarray) -> np.ndarray:
@@ -109,10 +111,9 @@ def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks,
     `disagreement(tracks, a, b)` maps the corrected tracks of that window (keyframes
     [a, b)) to the gyro-vs-SfM rotation residual over the rotation rate (inf: no model).
 
-    The disagreement grows about linearly on either side of the true readout (a V,
-    bench: 0.8% at the truth, 3-6% 10 ms away), so three SfMs suffice: the two middle
-    candidates' better side decides the third, and a V through the best point and
-    its neighbours places the minimum (a parabola would pull it to the middle)."""
+    The disagreement grows about linearly on either side of the true readout over a
+    floor (bench: 0.5-0.8% at the truth, 3-6% 10 ms away), so three SfMs suffice: the
+    two middle candidates' better side decides the third, and `_tip` places the minimum."""
     a, b = busiest_window(np.asarray(tracks.keyframes, np.float64) / fps, _rates(tracks))
     win = tracks.subset(a, b)
     if edge_shift_px(win, max(candidates), fps) < MIN_SHIFT_PX:
@@ -131,24 +132,22 @@ def estimate_readout(tracks: Tracks, fps: float, disagreement: Callable[[Tracks,
         return 0.0, curve
     if not np.all(np.isfinite(ys)):
         return float(xs[i]), curve
-    return _v_tip(np.asarray(xs, np.float64), ys), curve
+    r0 = _tip(np.asarray(xs, np.float64), ys)
+    return (0.0 if r0 < MIN_READOUT else r0), curve
 
 
-def _v_tip(x: np.ndarray, y: np.ndarray) -> float:
-    """Where a symmetric V through three equally spaced points has its tip, within
-    [x0, x2]: the steeper arm sets the slope; when the lowest point is at an end, the
-    other two give the slope and the tip lies between the end and its neighbour."""
-    h = float(x[1] - x[0])
-    i = int(np.argmin(y))
-    if i == 1:
-        m = max(y[0] - y[1], y[2] - y[1]) / h
-        return float(x[1]) if m <= 0 else float(np.clip(x[1] + 0.5 * (y[0] - y[2]) / m, x[0], x[2]))
-    j, k = (1, 2) if i == 0 else (1, 0)  # the neighbour, then the far point
-    m = (y[k] - y[j]) / h
-    if m <= 0:
-        return float(x[i])
-    return float(np.clip(0.5 * (x[i] + x[j]) + np.sign(x[i] - x[j]) * 0.5 * (y[j] - y[i]) / m,
-                         min(x[i], x[j]), max(x[i], x[j])))
+def _tip(x: np.ndarray, y: np.ndarray) -> float:
+    """The readout where sqrt(c^2 + m^2 (r - r0)^2) through the three points (x, y) is
+    lowest, within [x0, x2]: the disagreement is the RMS of what the rolling shutter
+    leaves (growing linearly with the readout's error) and of everything else (c), so
+    y^2 is a parabola in r whose vertex is r0. Near a global shutter the floor c is as
+    large as the shutter's share and a V through the points put the tip at 2-3 ms for
+    a true 0 (seen: the scale then moved 0.4%, to 3.2 std); the parabola in y^2 does not."""
+    y2 = np.asarray(y, np.float64) ** 2
+    A, B, _C = np.polyfit(np.asarray(x, np.float64), y2, 2)
+    if A <= 0:
+        return float(x[int(np.argmin(y))])
+    return float(np.clip(-B / (2 * A), x[0], x[-1]))
 
 
 class WindowSfm:

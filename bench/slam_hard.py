@@ -105,6 +105,7 @@ def accuracy(d: Path, src: Path) -> dict:
         "rotation_rms": float(info.get("rotation_rms", np.nan)),
         "explained": float(info.get("explained", np.nan)),
         "window_spread": float(info.get("window_spread") or np.nan),
+        "readout_ms": 1000 * float(info.get("rolling_shutter") or 0.0),
         "camera": info.get("camera"),
     }
 

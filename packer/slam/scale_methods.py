@@ -51,16 +51,19 @@ def metric_scale(
 
             names = [session.frame_paths[int(k)].name for k in key_pos]
             return viba_scale(session, opts, imu, key_ts, key_T, model, names)
-        return _imu_scale(session, opts, imu, key_ts, key_T, spans)
+        readout = float(model.rolling_shutter or 0.0) if model is not None else 0.0
+        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout)
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)
     return _known_distance_scale(session, opts, key_ts, key_T)
 
 
 def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
-               spans: list[tuple[float, float]] | None = None) -> ScaleFit:
+               spans: list[tuple[float, float]] | None = None, readout: float = 0.0) -> ScaleFit:
     """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
-    accelerometer scale solve on that alignment (and per part of a long session)."""
+    accelerometer scale solve on that alignment (and per part of a long session).
+    The std's model term has a share for the distorted model (the gyro disagreement)
+    and one for what the rolling-shutter correction leaves (`readout_std_factor`)."""
     centres = key_T[:, :3, 3]
     R_wc = key_T[:, :3, :3]
     try:
@@ -79,7 +82,8 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
-                         model_rel_std=opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor))
+                         model_rel_std=float(np.hypot(opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor),
+                                                      opts.readout_std_factor * readout)))
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     parts: dict[str, Any] = {}

@@ -75,6 +75,15 @@ class SfmModel:
     obs_point: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     obs_xy: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
 
+    def registered(self, names: list[str], kpos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(kpos of the registered ones among `names`, their camera-to-world (M,4,4)),
+        in the order given (time order for keyframes)."""
+        where = {n: i for i, n in enumerate(self.names)}
+        T_all = self.camera_to_world()
+        rows = [(int(k), where[n]) for k, n in zip(kpos, names) if n in where]
+        return (np.asarray([k for k, _ in rows], dtype=np.int64),
+                np.asarray([T_all[i] for _, i in rows]).reshape(-1, 4, 4))
+
     def camera_to_world(self) -> np.ndarray:
         """(M,4,4) camera-to-world poses (the inverse of COLMAP's cam_from_world)."""
         T = np.tile(np.eye(4), (len(self.names), 1, 1))

@@ -330,7 +330,7 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     model.rolling_shutter, model.rolling_shutter_curve = readout, curve
-    key_pos, key_T = _registered(model, names, kpos)
+    key_pos, key_T = model.registered(names, kpos)
     return kpos, model, key_pos, key_T
 
 
@@ -368,18 +368,6 @@ def _plot_stored(session: Session, res: SlamResult) -> Path | None:
     if len(poses) != session.n_frames:
         return None
     return _plot(session, poses, np.full(len(poses), INTERPOLATED, np.int8), res.message, res.metric)
-
-
-def _registered(model: SfmModel, names: list[str], kpos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(frame positions, camera-to-world (M,4,4)) of the registered keyframes, in time order."""
-    where = {n: i for i, n in enumerate(model.names)}
-    T_all = model.camera_to_world()
-    pos, T = [], []
-    for k, n in zip(kpos, names):
-        if n in where:
-            pos.append(int(k))
-            T.append(T_all[where[n]])
-    return np.asarray(pos, dtype=np.int64), np.asarray(T).reshape(-1, 4, 4)
 
 
 def _summary(info: dict[str, Any]) -> str:

@@ -172,11 +172,9 @@ class WindowSfm:
             model = reconstruct(self.image_dir, self.rel[a:b], self.intrinsics, self.sfm, tracks=win)
         except SfmError:
             return float("inf")
-        where = {n: i for i, n in enumerate(model.names)}
-        idx = [k for k, n in enumerate(self.rel[a:b]) if n in where]
+        idx, T = model.registered(self.rel[a:b], np.arange(b - a))
         if len(idx) < 0.8 * (b - a):
             return float("inf")
-        T = model.camera_to_world()[[where[self.rel[a + k]] for k in idx]]
         try:
             al = align_imu(self.times[a:b][idx], T[:, :3, :3], self.imu.t, self.imu.gyro, max_offset=self.max_offset)
         except AlignmentError:

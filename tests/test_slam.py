@@ -169,6 +169,35 @@ def test_rotation_only_session_is_refused_with_reason(tmp_path):
     assert json.loads((d / "poses.json").read_text()) == []  # nothing written
 
 
+@pytest.mark.parametrize("motion", ["rotation-only", "default"])
+def test_a_still_camera_is_the_reason_given_when_its_model_disagrees_with_the_gyro(tmp_path, motion):
+    # SfM sometimes builds a (wrong) model of a camera turning in place, sometimes not: it
+    # varies between runs and machines. When such a model disagrees with the gyro, the reason
+    # to give is the missing translation, not "record with more texture". Forced here on the
+    # true keyframe poses with a gyro limit of 0; a moving camera still gets the gyro refusal.
+    from packer.session import load_imu
+    from packer.slam.scale_methods import metric_scale
+
+    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5,
+                      **({"motion": motion} if motion != "default" else {}))
+    s = load_session(d)
+    key_pos = np.arange(0, len(s.frames), 6)
+    key_T = truth(d)["poses"][key_pos]
+    with pytest.raises(Exception) as e:
+        metric_scale(s, fast(max_gyro_disagreement=0.0), load_imu(s), key_pos, s.timestamps[key_pos], key_T)
+    if motion == "rotation-only":
+        assert "barely translates" in str(e.value) and "texture" not in str(e.value), e.value
+    else:
+        assert "disagree with the gyro" in str(e.value) and "barely" not in str(e.value), e.value
+
+
+def test_viba_names_a_still_camera_in_the_same_words(tmp_path):
+    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")
+    r = slam_session(d, fast(solver="viba"))
+    assert r.failed and "translat" in r.message, r.message
+    assert "barely translates" in r.message or "pure rotation" in r.message, r.message
+
+
 def test_scale_none_and_known_distance_without_imu(tmp_path):
     d = synth_session(tmp_path, "session_2026-01-01_120004", 60, 6)
     (d / "imu.json").unlink()

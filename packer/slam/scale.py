@@ -422,14 +422,17 @@ def _window_spread(
     return chi2 / (len(blocks) - 1)
 
 
+def still_reason(excitation: float, need: float) -> str:
+    """The one refusal for a camera that barely moves through space, in every solver's words."""
+    return (f"scale not observable: the IMU sees only {excitation:.3f} m/s^2 RMS motion acceleration "
+            f"(need >= {need:g}); the camera barely translates. Move the gripper through "
+            "space while recording, or use --scale marker / known-distance")
+
+
 def _check(r: ScaleResult, opt: ScaleOptions) -> None:
     """Refuse with the first reason that applies (most basic first)."""
     if r.excitation < opt.min_excitation:
-        raise ScaleRefused(
-            f"scale not observable: the IMU sees only {r.excitation:.3f} m/s^2 RMS motion acceleration "
-            f"(need >= {opt.min_excitation:g}); the camera barely translates. Move the gripper through "
-            "space while recording, or use --scale marker / known-distance"
-        )
+        raise ScaleRefused(still_reason(r.excitation, opt.min_excitation))
     if not (r.scale > 0) or r.explained < opt.min_explained:
         raise ScaleRefused(
             f"scale not observable: one scale explains only {max(r.explained, 0.0):.0%} of what the IMU "

@@ -7,6 +7,7 @@ metadata". A method that cannot give a trustworthy scale raises the session's
 error naming the file to blame, never a silently wrong number."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from packer.slam.marker import (
     scale_from_known_distance,
     scale_from_marker,
 )
-from packer.slam.scale import ScaleRefused, solve_scale
+from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale, still_reason
 
 if TYPE_CHECKING:
     from packer.slam.colmap import SfmModel
@@ -72,6 +73,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
     disagree = al.residual / max(al.rotation_rms, 1e-9)
     if disagree > opts.max_gyro_disagreement:
+        refuse_if_still(session, key_ts, key_T, imu, al, opts.scale_options)
         raise session.error(
             "rgb/",
             f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
@@ -124,6 +126,29 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_window_spread": sr.window_spread,
         **parts,
     }
+
+
+def estimate_only(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
+                  opt: ScaleOptions) -> ScaleResult:
+    """The windowed solve with its refusals off: only its estimate is wanted (scale,
+    accelerometer sign and bias, gravity, the IMU's motion acceleration)."""
+    relaxed = dataclasses.replace(opt, max_rel_std=np.inf, min_explained=-np.inf, min_excitation=0.0)
+    return solve_scale(key_ts, key_T[:, :3, 3], key_T[:, :3, :3], imu.t, imu.accel, imu.gyro, offset=al.offset,
+                       R_ic=al.R_ic, gyro_bias=al.gyro_bias, options=relaxed)
+
+
+def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
+                    opt: ScaleOptions) -> None:
+    """Before a model is refused as wrong (its rotations disagree with the gyro): if the
+    IMU says the camera barely translates, that is the reason to give. A camera turning
+    in place has no parallax, so whatever SfM built from it is wrong, and "record with
+    more texture" would send the user the wrong way."""
+    try:
+        excitation = estimate_only(key_ts, key_T, imu, al, opt).excitation
+    except ScaleRefused:
+        return
+    if excitation < opt.min_excitation:
+        raise session.error("imu.json", still_reason(excitation, opt.min_excitation))
 
 
 def _part_scales(scale: float, spans: list[tuple[float, float]], key_ts: np.ndarray, centres: np.ndarray,

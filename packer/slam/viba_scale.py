@@ -8,31 +8,20 @@ graph must be consistent (the IMU factors' chi^2, the share of observations kept
 and the marginal std small enough."""
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from packer.session import Imu, Session
 from packer.slam.imu_align import AlignmentError, align_imu
-from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale
+from packer.slam.scale import ScaleRefused, still_reason
+from packer.slam.scale_methods import estimate_only, refuse_if_still
 from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
 from packer.slam.viba_inputs import keyframe_structure
 
 if TYPE_CHECKING:
     from packer.slam.colmap import SfmModel
     from packer.slam.options import SlamOptions
-
-
-
-
-def _start(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, offset: float, R_ic: np.ndarray,
-           gyro_bias: np.ndarray, opt: ScaleOptions) -> ScaleResult:
-    """The windowed solve with its refusals off: only its estimate is wanted (scale,
-    accelerometer sign and bias, gravity), as the bundle adjustment's start."""
-    relaxed = dataclasses.replace(opt, max_rel_std=np.inf, min_explained=-np.inf, min_excitation=0.0)
-    return solve_scale(key_ts, key_T[:, :3, 3], key_T[:, :3, :3], imu.t, imu.accel, imu.gyro, offset=offset,
-                       R_ic=R_ic, gyro_bias=gyro_bias, options=relaxed)
 
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
@@ -46,6 +35,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
     if disagree > vopt.max_gyro_disagreement:
+        refuse_if_still(session, key_ts, key_T, imu, al, opts.scale_options)
         raise session.error(
             "rgb/",
             f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
@@ -54,13 +44,14 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
             "plain surfaces, blur, the glove filling the view). Record with more texture and light in view",
         )
     try:
-        sr = _start(key_ts, key_T, imu, al.offset, al.R_ic, al.gyro_bias, opts.scale_options)
+        sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
-    if sr.excitation < opts.scale_options.min_excitation or not sr.scale > 0:
-        raise session.error("imu.json", f"scale not observable: the IMU sees only {sr.excitation:.3f} m/s^2 RMS "
-                            "motion acceleration; move the gripper through space while recording, or use --scale "
-                            "marker / known-distance")
+    if sr.excitation < opts.scale_options.min_excitation:
+        raise session.error("imu.json", still_reason(sr.excitation, opts.scale_options.min_excitation))
+    if not sr.scale > 0:
+        raise session.error("imu.json", "scale not observable: the accelerometer fits no positive scale to the SfM "
+                            "motion (the reconstruction is distorted, or imu.json belongs to another recording)")
     gravity = None if sr.gravity is None else np.asarray(sr.gravity)  # m/s^2 along the SfM axes (raw accel only)
     b_acc = None if sr.accel_bias is None else np.asarray(sr.accel_bias)
     try:

@@ -27,7 +27,7 @@ import numpy as np
 
 import packer.slam.scale
 from packer.slam.imu_align import align_imu
-from packer.slam.rotations import so3_exp
+from packer.slam.rotations import so3_exp, umeyama
 from packer.slam.scale import ScaleOptions, ScaleRefused, solve_scale
 from packer.synth.imu import IMU_RATE, make_imu_model
 from packer.synth.trajectory import GRAVITY, make_trajectory
@@ -49,6 +49,7 @@ class Config:
     rot_noise: float = 0.1  # deg, SfM rotation noise
     smooth: float = 0.0  # m, amplitude of a smooth (0.2-1 Hz) SfM distortion
     scale_drift: float = 0.0  # the SfM scale changes linearly by this fraction over the session
+    stretch: float = 0.0  # the SfM path is stretched by this fraction along a direction drawn per draw
     bias_walk: float = 0.0  # g/sqrt(s): the accelerometer bias wanders (a random walk per axis)
     motion: str = "hand"  # "hand" or "rotation-only"
 
@@ -84,6 +85,13 @@ def session(cfg: Config, seed: int, draw: int) -> dict[str, Any]:
         f, ph = rng.uniform(0.2, 1.0), rng.uniform(0, 2 * np.pi)
         P = P + cfg.smooth * rng.normal(size=3) * np.sin(2 * np.pi * f * kt + ph)[:, None]
     P = P * (1.0 + cfg.scale_drift * (kt / cfg.duration - 0.5))[:, None]
+    s_ref = S_TRUE
+    if cfg.stretch:  # an SfM path that is no similarity of the true one: the reference is its best similarity
+        u = rng.normal(size=3)
+        u /= np.linalg.norm(u)
+        mid = P.mean(axis=0)
+        P = P + cfg.stretch * np.outer((P - mid) @ u, u)
+        s_ref = S_TRUE * umeyama(P, T["P"][kf])[0]
     R = T["R"][kf] @ so3_exp(rng.normal(size=(len(kf), 3)) * np.deg2rad(cfg.rot_noise))
     Rs = so3_exp(np.array([0.3, -0.5, 1.1]))  # the SfM frame: rotated, shifted, unscaled
     m = T["model"]
@@ -93,7 +101,7 @@ def session(cfg: Config, seed: int, draw: int) -> dict[str, Any]:
         acc = acc + np.cumsum(rng.normal(0.0, cfg.bias_walk / np.sqrt(IMU_RATE), acc.shape), axis=0)
     gyr = T["gyr"] + m.gyro_bias + rng.normal(0.0, m.gyro_noise, T["gyr"].shape)
     return dict(kt=kt, p=P @ Rs.T / S_TRUE + np.array([1.0, 2.0, 3.0]), R=Rs @ R, imu_t=T["tau"], acc=acc,
-                gyr=gyr, model=m)
+                gyr=gyr, model=m, s_ref=s_ref)
 
 
 def solve(s: dict[str, Any], estimate_alignment: bool = True) -> tuple[float, float, str]:
@@ -115,8 +123,8 @@ def solve(s: dict[str, Any], estimate_alignment: bool = True) -> tuple[float, fl
     try:
         packer.slam.scale._check(r, ScaleOptions())  # the default refusals, on the same fit
     except ScaleRefused as e:
-        return r.scale / S_TRUE - 1.0, r.rel_std, str(e)
-    return r.scale / S_TRUE - 1.0, r.rel_std, ""
+        return r.scale / s["s_ref"] - 1.0, r.rel_std, str(e)
+    return r.scale / s["s_ref"] - 1.0, r.rel_std, ""
 
 
 def calibrate(cfg: Config, seed: int, draws: int, estimate_alignment: bool = False) -> dict[str, float]:

@@ -23,6 +23,8 @@ CALIBRATION = [
     Config("weak 6 s, raw accel of flipped sign, 6-12 frames", raw=True, sign=-1.0, frames=(6, 12)),
     Config("hand 6 s, smooth 1 mm SfM distortion", amp=1.0, smooth=0.001),
     Config("weak 20 s, keyframes 6-12 frames apart", duration=20.0, frames=(6, 12)),
+    Config("hand 10 s, SfM path stretched 3% along a random direction", amp=1.0, duration=10.0, frames=(6, 6),
+           stretch=0.03),
 ]
 
 
@@ -66,3 +68,26 @@ def test_another_recordings_imu_is_refused():
     a["acc"] = b["acc"]
     _err, _rel_std, refusal = solve(a, estimate_alignment=False)
     assert "scale not observable" in refusal or "poorly constrained" in refusal, refusal
+
+
+def _shape(cfg: Config, seed: int, draw: int) -> float:
+    from dataclasses import replace
+
+    from packer.slam.scale import ScaleOptions, solve_scale
+
+    s = session(cfg, seed, draw)
+    m = s["model"]
+    off = replace(ScaleOptions(), max_rel_std=1e9, min_explained=-1e9, min_excitation=0.0)
+    return solve_scale(s["kt"], s["p"], s["R"], s["imu_t"], s["acc"], s["gyr"], offset=m.offset, R_ic=m.R_imu_cam,
+                       gyro_bias=m.gyro_bias, options=off).shape_spread
+
+
+def test_a_path_that_is_no_similarity_of_the_imus_is_seen():
+    """The shape statistic (a free symmetric 3x3 scale per window against the one scale)
+    is about 1 on a similarity with white jitter and far above it on a path stretched
+    3% along one direction, which the std then covers (the calibration table above)."""
+    plain = [_shape(Config("hand 10 s", amp=1.0, duration=10.0, frames=(6, 6)), 0, d) for d in range(8)]
+    stretched = [_shape(Config("hand 10 s, stretched", amp=1.0, duration=10.0, frames=(6, 6), stretch=0.03,
+                               jitter=0.0005), 0, d) for d in range(8)]
+    assert 0.5 < float(np.median(plain)) < 1.5, plain
+    assert min(stretched) > 3.0, stretched

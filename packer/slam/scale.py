@@ -101,6 +101,7 @@ class ScaleResult:
     n_keyframes: int
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
     window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
+    shape_spread: float = 1.0  # chi^2/dof of a free symmetric 3x3 scale per window about the one scale (noise: ~1)
     fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
     model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
 
@@ -378,7 +379,8 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
     b = x[1:1 + n_b] / k if n_b and k > 0 else np.zeros(3)
     g = x[1 + n_b:] / k if mode == "raw" and k > 0 else np.zeros(3)
     spread = _window_spread(G, y, x, red.blocks, n_b, g, sigma2)
-    var_k = _marginal_variance(M, 0) * sigma2 * max(spread, 1.0)
+    shape = _shape_spread(G, y, red.blocks, red.dof)
+    var_k = _marginal_variance(M, 0) * sigma2 * max(spread, shape, 1.0)
     rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     colnorm = np.linalg.norm(M, axis=0)
     colnorm[colnorm == 0] = 1.0
@@ -399,6 +401,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         n_keyframes=int(sum(len(w.d) for w in wins)),
         imu_noise_ratio=lam,
         window_spread=spread,
+        shape_spread=shape,
     )
 
 
@@ -420,6 +423,49 @@ def _window_spread(
         if w > 0:
             chi2 += (float(col[b] @ r[b]) / w - x[0]) ** 2 * w / sigma2
     return chi2 / (len(blocks) - 1)
+
+
+_PAIRS = [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)]
+
+
+def _shape_columns(G: np.ndarray, blocks: list[slice]) -> np.ndarray:
+    """k's column split into a symmetric 3x3 per window: K_ab's column carries the IMU's
+    axis-b double integral in the rows of axis a (and a's in b's). A block's rows are
+    axis-major (x rows, y rows, z rows; whitening and the q0, u0 projection act per axis
+    alike), so an axis's column is a slice of k's."""
+    col = G[:, 0]
+    out = np.zeros((len(col), 6 * len(blocks)))
+    for w, b in enumerate(blocks):
+        n = (b.stop - b.start) // 3
+        ax = [slice(b.start + a * n, b.start + (a + 1) * n) for a in range(3)]
+        for j, (a, c) in enumerate(_PAIRS):
+            out[ax[a], 6 * w + j] = col[ax[c]]
+            if a != c:
+                out[ax[c], 6 * w + j] = col[ax[a]]
+    return out
+
+
+def _shape_spread(G: np.ndarray, y: np.ndarray, blocks: list[slice], dof: int) -> float:
+    """chi^2/dof of a free symmetric 3x3 scale per window against the one common scale
+    (bias and gravity free in both): about 1 when the SfM path is a similarity of the
+    IMU's. Above 1 the reconstruction is stretched along some direction (depth against
+    the lateral axes, where a hand sweeps 0.2 m before a room metres away) or its scale
+    changes within the session, so the one scale, which weighs the axes and windows by
+    the acceleration the IMU saw there, differs from the path's best similarity by more
+    than the noise: the std is inflated by the square root, as for `_window_spread`. The
+    extra sum of squares of the larger model (an F statistic), so it also works with one
+    or two windows, where the windows' own scales cannot be compared."""
+    rest = G[:, 1:]
+    full = np.column_stack([_shape_columns(G, blocks), rest])
+    extra = full.shape[1] - G.shape[1]
+    resid_dof = dof - full.shape[1]
+    if extra <= 0 or resid_dof <= 0:
+        return 1.0
+    rss_c = float(np.sum((y - G @ _lstsq(G, y)) ** 2))
+    rss_f = float(np.sum((y - full @ _lstsq(full, y)) ** 2))
+    if rss_f <= 0:
+        return 1.0
+    return max(rss_c - rss_f, 0.0) / extra / (rss_f / resid_dof)
 
 
 def still_reason(excitation: float, need: float) -> str:

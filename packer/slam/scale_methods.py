@@ -63,8 +63,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                spans: list[tuple[float, float]] | None = None, readout: float = 0.0) -> ScaleFit:
     """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
     accelerometer scale solve on that alignment (and per part of a long session).
-    The std's model term has a share for the distorted model (the gyro disagreement)
-    and one for what the rolling-shutter correction leaves (`readout_std_factor`)."""
+    The std's model term: see `_model_rel_std`."""
     centres = key_T[:, :3, 3]
     R_wc = key_T[:, :3, :3]
     try:
@@ -84,8 +83,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
-                         model_rel_std=float(np.hypot(opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor),
-                                                      opts.readout_std_factor * readout)))
+                         model_rel_std=_model_rel_std(opts, disagree, readout))
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     parts: dict[str, Any] = {}
@@ -124,8 +122,17 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_keyframes": sr.n_keyframes,
         "imu_noise_ratio": sr.imu_noise_ratio,
         "scale_window_spread": sr.window_spread,
+        "scale_shape_spread": sr.shape_spread,
         **parts,
     }
+
+
+def _model_rel_std(opts: SlamOptions, disagree: float, readout: float) -> float:
+    """The std's share for what the SfM model gets wrong beyond its jitter, in quadrature:
+    a distorted model (the gyro disagreement above its noise floor), what the rolling-
+    shutter correction leaves, and the slow path distortion every SfM model has."""
+    return float(np.linalg.norm([opts.gyro_std_factor * max(0.0, disagree - opts.gyro_noise_floor),
+                                 opts.readout_std_factor * readout, opts.sfm_rel_std]))
 
 
 def estimate_only(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,

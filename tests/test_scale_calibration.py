@@ -91,3 +91,12 @@ def test_a_path_that_is_no_similarity_of_the_imus_is_seen():
                                jitter=0.0005), 0, d) for d in range(8)]
     assert 0.5 < float(np.median(plain)) < 1.5, plain
     assert min(stretched) > 3.0, stretched
+
+
+def test_a_badly_stretched_path_is_refused_for_its_shape():
+    """A path stretched 40% along one direction: no one scale is right, and the refusal
+    says why (not "too noisy", not "more translation")."""
+    s = session(Config("hand 10 s, stretched 40%", amp=1.0, duration=10.0, frames=(6, 6), stretch=0.4,
+                       jitter=0.0005), 0, draw=0)
+    _err, rel_std, refusal = solve(s, estimate_alignment=False)
+    assert rel_std > 0.02 and "no similarity of the IMU's" in refusal, (rel_std, refusal)

@@ -63,6 +63,7 @@ from packer.slam.lsq import lstsq as _lstsq
 from packer.slam.lsq import lstsq_eiv as _lstsq_eiv
 from packer.slam.lsq import marginal_variance as _marginal_variance
 from packer.slam.rotations import rotation_mean, tangent_basis
+from packer.slam.scale_checks import explained, shape_spread, window_spread
 
 GRAVITY = 9.80665
 _LOG_LAMBDAS = np.arange(-3.0, 6.01, 0.5)  # log10 of the IMU/SfM noise ratio searched (1/s^3)
@@ -264,20 +265,6 @@ def _gravity_fit(
     return x, M
 
 
-def _explained(red: _Reduced, res: np.ndarray) -> float:
-    """1 - sum |P_w r_w|^2 / sum |P_w y_w|^2, P_w the projection on window w's own
-    global columns: how much of what each window's IMU could explain on its own the
-    one common scale (and bias, gravity) does explain. Jitter enters both sums only
-    through a few columns per window, so a long noisy session is not mistaken for a
-    mismatch, while a distorted reconstruction or another recording's IMU is."""
-    num = den = 0.0
-    for b in red.blocks:
-        G = red.G[b]
-        num += float(np.sum((G @ _lstsq(G, res[b])) ** 2))
-        den += float(np.sum((G @ _lstsq(G, red.y[b])) ** 2))
-    return 1.0 - num / den if den > 0 else 0.0
-
-
 def _excitation(imu: ImuTrack, wins: list[_Window], bias: bool, raw: bool) -> float:
     """RMS over 0.2 s bins of the world-frame acceleration the IMU measured, less
     what a constant bias (IMU frame) and gravity (world frame, raw mode) explain,
@@ -378,8 +365,8 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
     sigma2 = float(res @ res) / max(red.dof - n_free, 1)
     b = x[1:1 + n_b] / k if n_b and k > 0 else np.zeros(3)
     g = x[1 + n_b:] / k if mode == "raw" and k > 0 else np.zeros(3)
-    spread = _window_spread(G, y, x, red.blocks, n_b, g, sigma2)
-    shape = _shape_spread(G, y, red.blocks, red.dof)
+    spread = window_spread(G, y, x, red.blocks, n_b, g, sigma2)
+    shape = shape_spread(G, y, red.blocks, red.dof)
     var_k = _marginal_variance(M, 0) * sigma2 * max(spread, shape, 1.0)
     rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     colnorm = np.linalg.norm(M, axis=0)
@@ -390,7 +377,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         rel_std=rel_std,
         residual=float(np.sqrt(sigma2)) / k if k > 0 else float("inf"),
         excitation=_excitation(imu, wins, n_b > 0, mode == "raw"),
-        explained=_explained(replace(red, G=G), res),
+        explained=explained(G, red.y, res, red.blocks),
         condition=float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf"),
         confidence=float(np.clip(1.0 - rel_std / opt.max_rel_std, 0.0, 1.0)) if np.isfinite(rel_std) else 0.0,
         accel_mode=mode,
@@ -403,69 +390,6 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         window_spread=spread,
         shape_spread=shape,
     )
-
-
-def _window_spread(
-    G: np.ndarray, y: np.ndarray, x: np.ndarray, blocks: list[slice], n_b: int, g: np.ndarray, sigma2: float
-) -> float:
-    """chi^2 / dof of each window's own scale (bias and gravity held at the common
-    fit) about the common one; about 1 when the windows differ only by the noise.
-    Above 1 the SfM scale is not the same all along (scale drift between parts of
-    the reconstruction) and the std of s is inflated by its square root (the
-    Birge ratio), so it covers what the noise model does not. 1.0 below 3 windows."""
-    if len(blocks) < 3 or not x[0] > 0:
-        return 1.0
-    col = G[:, 0] + (G[:, 1 + n_b:] @ g if G.shape[1] > 1 + n_b else 0.0)
-    r = y - G[:, 1:1 + n_b] @ x[1:1 + n_b]
-    chi2 = 0.0
-    for b in blocks:
-        w = float(col[b] @ col[b])
-        if w > 0:
-            chi2 += (float(col[b] @ r[b]) / w - x[0]) ** 2 * w / sigma2
-    return chi2 / (len(blocks) - 1)
-
-
-_PAIRS = [(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)]
-
-
-def _shape_columns(G: np.ndarray, blocks: list[slice]) -> np.ndarray:
-    """k's column split into a symmetric 3x3 per window: K_ab's column carries the IMU's
-    axis-b double integral in the rows of axis a (and a's in b's). A block's rows are
-    axis-major (x rows, y rows, z rows; whitening and the q0, u0 projection act per axis
-    alike), so an axis's column is a slice of k's."""
-    col = G[:, 0]
-    out = np.zeros((len(col), 6 * len(blocks)))
-    for w, b in enumerate(blocks):
-        n = (b.stop - b.start) // 3
-        ax = [slice(b.start + a * n, b.start + (a + 1) * n) for a in range(3)]
-        for j, (a, c) in enumerate(_PAIRS):
-            out[ax[a], 6 * w + j] = col[ax[c]]
-            if a != c:
-                out[ax[c], 6 * w + j] = col[ax[a]]
-    return out
-
-
-def _shape_spread(G: np.ndarray, y: np.ndarray, blocks: list[slice], dof: int) -> float:
-    """chi^2/dof of a free symmetric 3x3 scale per window against the one common scale
-    (bias and gravity free in both): about 1 when the SfM path is a similarity of the
-    IMU's. Above 1 the reconstruction is stretched along some direction (depth against
-    the lateral axes, where a hand sweeps 0.2 m before a room metres away) or its scale
-    changes within the session, so the one scale, which weighs the axes and windows by
-    the acceleration the IMU saw there, differs from the path's best similarity by more
-    than the noise: the std is inflated by the square root, as for `_window_spread`. The
-    extra sum of squares of the larger model (an F statistic), so it also works with one
-    or two windows, where the windows' own scales cannot be compared."""
-    rest = G[:, 1:]
-    full = np.column_stack([_shape_columns(G, blocks), rest])
-    extra = full.shape[1] - G.shape[1]
-    resid_dof = dof - full.shape[1]
-    if extra <= 0 or resid_dof <= 0:
-        return 1.0
-    rss_c = float(np.sum((y - G @ _lstsq(G, y)) ** 2))
-    rss_f = float(np.sum((y - full @ _lstsq(full, y)) ** 2))
-    if rss_f <= 0:
-        return 1.0
-    return max(rss_c - rss_f, 0.0) / extra / (rss_f / resid_dof)
 
 
 def still_reason(excitation: float, need: float) -> str:
@@ -492,6 +416,14 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
             f"reconstruction disagrees with the gyro (+-{r.model_rel_std:.1%} of it): its shape is distorted, which "
             "no scale fixes. Plain surfaces, blur or the glove filling the view leave too few good features: record "
             "with more texture and light in view"
+        )
+    if (r.rel_std > opt.max_rel_std and r.shape_spread > max(r.window_spread, 1.0)
+            and r.fit_rel_std / np.sqrt(r.shape_spread) <= opt.max_rel_std):
+        raise ScaleRefused(
+            f"scale uncertain: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}), mostly because the "
+            f"reconstruction's path is no similarity of the IMU's (a scale per direction fits the accelerometer "
+            f"{r.shape_spread:.1f}x better than its noise explains): stretched along the view or its scale changes "
+            "within the session. Record with more of the scene near the camera (within ~1 m) and more hand travel"
         )
     if r.rel_std > opt.max_rel_std and r.excitation >= 5 * opt.min_excitation:
         raise ScaleRefused(

@@ -42,8 +42,11 @@ from shardship.units import plural
               help="black where corners must never be tracked (the glove's mount, a watermark); a path relative to "
               "each session folder or absolute. Tracks that stay put while the camera turns are dropped anyway")
 @click.option("--plot", is_flag=True, default=False, help="write <session>/slam.png (top + side view)")
-@click.option("--jobs", type=int, default=None, help="sessions in parallel (default: cores / 2)")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="threads per session (default 2)")
+@click.option("--jobs", type=int, default=None, help="sessions in parallel (default: cores / threads, fewer where "
+              "memory is short)")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="threads per session (default 1: the same poses every run; more is faster on one long session, "
+              "but the reconstruction then varies from run to run)")
 @click.option("--force", is_flag=True, default=False, help="recompute even when cached")
 @click.option("--quiet", is_flag=True, default=False, help="no progress bars")
 def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapper: str | None,

@@ -63,13 +63,13 @@ def test_fast_hand_motion_is_accepted_within_two_percent_at_the_defaults(tmp_pat
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005
     assert e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    # the same input gives the same poses (Ceres on 2 threads sums in either order: ~1e-14 m apart)
-    before = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
+    # the same input gives the same poses, to the byte (one thread per session: with two, Ceres' sums came out
+    # in either order, ~1e-14 m apart here, and a weak session got a different model each run)
+    before = (d / "poses.json").read_bytes()
     r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
                          "--force"], capture_output=True, text=True, timeout=600)
     assert r2.returncode == 0, r2.stdout + r2.stderr
-    after = np.array([e["transform"] for e in json.loads((d / "poses.json").read_text())])
-    assert after.shape == before.shape and float(np.abs(after - before).max()) < 1e-9
+    assert (d / "poses.json").read_bytes() == before
 
 
 REASONS = ("registered only", "almost no features", "disagree with the gyro", "scale uncertain",
@@ -85,7 +85,13 @@ def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, see
     motion, fx = PROFILES[profile]
     d = synth_session(tmp_path / "raw", "session_2026-02-01_100000", 420, seed, motion=motion, effects=fx,
                       imu_offset=0.25)
-    assert_never_wrong(d, _slam_cli(tmp_path / "raw"), REASONS)
+    r = _slam_cli(tmp_path / "raw")
+    assert_never_wrong(d, r, REASONS)
+    if profile == "all":  # a weak session: with two threads its model (and verdict) changed from run to run
+        again = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
+                                "--force"], capture_output=True, text=True, timeout=600)
+        fail = [[ln for ln in x.stderr.splitlines() if ln.startswith("FAIL  ")] for x in (r, again)]
+        assert again.returncode == r.returncode and fail[0] == fail[1], (r.stderr, again.stderr)
 
 
 def assert_never_wrong(d: Path, r: subprocess.CompletedProcess, reasons: tuple[str, ...]) -> None:

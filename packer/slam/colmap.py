@@ -34,7 +34,7 @@ class SfmError(ValueError):
 class SfmOptions:
     mapper: str = "global"
     frontend: str = "klt"  # "klt" (tracks given to `reconstruct`) | "sift"
-    threads: int = 2
+    threads: int = 1  # SIFT, matching, verification and the mapper; above 1 the poses vary from run to run
     max_features: int = 2048
     first_octave: int = 0  # 0: native resolution; -1 upsamples (about 3x slower)
     overlap: int = 5  # sequential matching: each image against the next `overlap` (+ quadratic)
@@ -397,5 +397,3 @@ def _to_model(rec) -> SfmModel:
     )
 
 
-def default_threads() -> int:
-    return max(1, min(2, os.cpu_count() or 1))

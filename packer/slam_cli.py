@@ -45,8 +45,8 @@ from shardship.units import plural
 @click.option("--jobs", type=int, default=None, help="sessions in parallel (default: cores / threads, fewer where "
               "memory is short)")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="threads per session (default 1: the same poses every run; more is faster on one long session, "
-              "but the reconstruction then varies from run to run)")
+              help="threads per session for matching verification (default 2; the mapper runs on one thread so "
+              "that the same input gives the same poses)")
 @click.option("--force", is_flag=True, default=False, help="recompute even when cached")
 @click.option("--quiet", is_flag=True, default=False, help="no progress bars")
 def slam(raw: Path | None, only: tuple[str, ...], config_path: Path | None, mapper: str | None,

@@ -63,7 +63,7 @@ def test_fast_hand_motion_is_accepted_within_two_percent_at_the_defaults(tmp_pat
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005
     assert e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    # the same input gives the same poses, to the byte (one thread per session: with two, Ceres' sums came out
+    # the same input gives the same poses, to the byte (the mapper on one thread: with two, Ceres' sums came out
     # in either order, ~1e-14 m apart here, and a weak session got a different model each run)
     before = (d / "poses.json").read_bytes()
     r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
@@ -87,7 +87,7 @@ def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, see
                       imu_offset=0.25)
     r = _slam_cli(tmp_path / "raw")
     assert_never_wrong(d, r, REASONS)
-    if profile == "all":  # a weak session: with two threads its model (and verdict) changed from run to run
+    if profile == "all":  # a weak session: with the mapper on two threads its model changed from run to run
         again = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
                                 "--force"], capture_output=True, text=True, timeout=600)
         fail = [[ln for ln in x.stderr.splitlines() if ln.startswith("FAIL  ")] for x in (r, again)]

@@ -34,7 +34,7 @@ class SfmError(ValueError):
 class SfmOptions:
     mapper: str = "global"
     frontend: str = "klt"  # "klt" (tracks given to `reconstruct`) | "sift"
-    threads: int = 1  # SIFT, matching, verification and the mapper; above 1 the poses vary from run to run
+    threads: int = 2  # geometric verification (per pair, seeded: the same result on any number); the rest: SERIAL
     max_features: int = 2048
     first_octave: int = 0  # 0: native resolution; -1 upsamples (about 3x slower)
     overlap: int = 5  # sequential matching: each image against the next `overlap` (+ quadratic)
@@ -189,9 +189,16 @@ def _radial_start(intrinsics: tuple[float, float, float, float], opt: SfmOptions
     return f"{0.5 * (fx + fy):.9g},{cx:.9g},{cy:.9g},0"
 
 
+SERIAL = 1  # threads for the mapper (its Ceres solves included) and the SIFT fallback's extraction and matching:
+# with two, the order of Ceres' parallel sums and of the SIFT results varied between runs, so the same session gave
+# different poses (1e-14 m apart on a good one; on a weak one a different model each run, accepted once, refused the
+# next). Only the verification runs on `threads`: the same poses with one or two, and most of the speed (30 s
+# session: 30.9 s against 35.8 s on one thread, quiet 2-core VM)
+
+
 def _sift_features(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, opt: SfmOptions) -> None:
     extraction = pycolmap.FeatureExtractionOptions()
-    extraction.num_threads = opt.threads
+    extraction.num_threads = SERIAL
     extraction.use_gpu = False
     extraction.sift.max_num_features = opt.max_features
     extraction.sift.first_octave = opt.first_octave
@@ -208,11 +215,11 @@ def _sift_features(pycolmap, db: Path, image_dir: Path, image_names: list[str], 
 
 def _sift_matching(pycolmap, db: Path, opt: SfmOptions) -> None:
     matching = pycolmap.FeatureMatchingOptions()
-    matching.num_threads = opt.threads
+    matching.num_threads = SERIAL
     matching.use_gpu = False
     pairing = pycolmap.SequentialPairingOptions()
     pairing.overlap = opt.overlap
-    pairing.num_threads = opt.threads
+    pairing.num_threads = SERIAL
     pycolmap.match_sequential(db, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu)
 
 
@@ -329,16 +336,16 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
     if opt.mapper == "global":
         o = pycolmap.GlobalPipelineOptions()
         o.decompose_relative_pose = not gyro_poses  # the gyro's relative poses are in the database already
-        o.num_threads = opt.threads
+        o.num_threads = SERIAL
         o.random_seed = opt.seed
         m = o.mapper
-        m.num_threads = opt.threads
+        m.num_threads = SERIAL
         m.random_seed = opt.seed
         m.global_positioning.use_gpu = False
         m.global_positioning.random_seed = opt.seed
         m.rotation_averaging.random_seed = opt.seed
         m.bundle_adjustment.ceres.use_gpu = False
-        m.bundle_adjustment.ceres.solver_options.num_threads = opt.threads
+        m.bundle_adjustment.ceres.solver_options.num_threads = SERIAL
         m.track_required_tracks_per_view = opt.tracks_per_view
         m.skip_retriangulation = not opt.retriangulate
         m.bundle_adjustment.refine_focal_length = not fixed_intrinsics
@@ -346,9 +353,9 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
         m.bundle_adjustment.refine_extra_params = not fixed_intrinsics
         return dict(pycolmap.global_mapping(db, image_dir, out, o))
     o = pycolmap.IncrementalPipelineOptions()
-    o.num_threads = opt.threads
+    o.num_threads = SERIAL
     o.random_seed = opt.seed
-    o.mapper.num_threads = opt.threads
+    o.mapper.num_threads = SERIAL
     o.mapper.random_seed = opt.seed
     o.triangulation.random_seed = opt.seed
     o.extract_colors = False

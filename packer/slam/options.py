@@ -30,9 +30,7 @@ class SlamOptions:
     known_distance: str | None = None  # "A:B:METRES", --scale known-distance
     plot: bool = False
     force: bool = False  # ignore the cache
-    threads: int = 1  # per session (SIFT, matching, verification, mapper). One keeps the poses repeatable: with two,
-    # SIFT extraction, the pairs' order in the database and Ceres' parallel sums vary between runs, and a weak session
-    # got a different model each run (accepted once, refused the next); on 2 cores a 10 s session was no slower
+    threads: int = 2  # per session, for the geometric verification (the mapper runs on one: colmap.SERIAL)
     max_features: int = 2048
     first_octave: int = 0  # 0: SIFT at native resolution (-1 upsamples: 3x slower, no better here)
     overlap: int = 5  # keyframes matched with the next N (tracks alive across 1 s tie the scale together)

@@ -100,3 +100,13 @@ def test_a_badly_stretched_path_is_refused_for_its_shape():
                        jitter=0.0005), 0, draw=0)
     _err, rel_std, refusal = solve(s, estimate_alignment=False)
     assert rel_std > 0.02 and "no similarity of the IMU's" in refusal, (rel_std, refusal)
+
+
+def test_sfm_rel_std_is_set_from_the_config_and_checked():
+    from packer.slam.options import SlamOptions
+    from shardship.errors import ShardshipError
+
+    assert SlamOptions.from_config({"sfm_rel_std": 0.003}, {}).sfm_rel_std == 0.003
+    for bad in ("0.2%", -0.001, 0.5):
+        with pytest.raises(ShardshipError, match="sfm_rel_std must be a number in 0..0.02"):
+            SlamOptions.from_config({"sfm_rel_std": bad}, {}).validate()

@@ -78,6 +78,9 @@ class SlamOptions:
             raise ShardshipError(f"--solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
         if self.rolling_shutter is not None and not 0 <= self.rolling_shutter <= 0.1:
             raise ShardshipError(f"[slam] rolling_shutter must be 0..0.1 s (a readout), got {self.rolling_shutter}")
+        if not isinstance(self.sfm_rel_std, (int, float)) or not 0 <= self.sfm_rel_std < 0.02:
+            raise ShardshipError(f"[slam] sfm_rel_std must be a number in 0..0.02 (a share of the scale, 0.0015 = "
+                                 f"0.15%), got {self.sfm_rel_std!r}")
         if self.chunk_keyframes != 0 and not 100 <= self.chunk_keyframes:
             raise ShardshipError(
                 f"[slam] chunk_keyframes must be 0 (never split) or >= 100, got {self.chunk_keyframes}")

@@ -25,8 +25,8 @@ from packer.synth.trajectory import make_trajectory
 pytestmark = pytest.mark.slow
 
 
-def _slam_cli(raw: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(raw), "--quiet"],
+def _slam_cli(raw: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(raw), "--quiet", *extra],
                           capture_output=True, text=True, timeout=600)
 
 
@@ -66,8 +66,7 @@ def test_fast_hand_motion_is_accepted_within_two_percent_at_the_defaults(tmp_pat
     # the same input gives the same poses, to the byte (the mapper on one thread: with two, Ceres' sums came out
     # in either order, ~1e-14 m apart here, and a weak session got a different model each run)
     before = (d / "poses.json").read_bytes()
-    r2 = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
-                         "--force"], capture_output=True, text=True, timeout=600)
+    r2 = _slam_cli(tmp_path / "raw", "--force")
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert (d / "poses.json").read_bytes() == before
 
@@ -88,8 +87,7 @@ def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, see
     r = _slam_cli(tmp_path / "raw")
     assert_never_wrong(d, r, REASONS)
     if profile == "all":  # a weak session: with the mapper on two threads its model changed from run to run
-        again = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
-                                "--force"], capture_output=True, text=True, timeout=600)
+        again = _slam_cli(tmp_path / "raw", "--force")
         fail = [[ln for ln in x.stderr.splitlines() if ln.startswith("FAIL  ")] for x in (r, again)]
         assert again.returncode == r.returncode and fail[0] == fail[1], (r.stderr, again.stderr)
 

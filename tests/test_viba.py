@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from packer.slam.colmap import SfmModel
 from packer.slam.rotations import so3_exp
 from packer.slam.viba_inputs import keyframe_structure, rolling_shutter_correct
 from packer.synth import synth_session, truth
-from tests.test_slam_hard import REASONS, _errors, assert_never_wrong
+from tests.test_slam_hard import REASONS, _errors, _slam_cli, assert_never_wrong
 
 CAMERA = [400.0, 240.0, 180.0, 0.0]  # f, cx, cy, k1 (480 x 360)
 
@@ -69,8 +68,7 @@ def test_the_structure_follows_the_keyframe_order_and_drops_other_images():
 
 
 def _slam_viba(raw: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(raw), "--quiet", "--solver", "viba"],
-                          capture_output=True, text=True, timeout=600)
+    return _slam_cli(raw, "--solver", "viba")
 
 
 @pytest.mark.slow

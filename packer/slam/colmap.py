@@ -402,5 +402,3 @@ def _to_model(rec) -> SfmModel:
         obs_point=np.asarray(obs_p, dtype=np.int32),
         obs_xy=np.asarray(obs_xy, dtype=np.float32).reshape(-1, 2),
     )
-
-

@@ -221,6 +221,24 @@ def test_align_handles_a_wall_clock_imu():
     assert abs(al.offset - d["offset"]) < 0.002
 
 
+def test_offset_scan_in_blocks_equals_one_offset_at_a_time():
+    """The coarse search scores thousands of offsets in blocks (one interpolation each):
+    the same numbers as scoring one offset at a time, -inf where too few intervals fall
+    inside the IMU recording, across block boundaries."""
+    from packer.slam.imu_align import GyroIntegral, _OffsetSearch, visual_increments
+
+    d = make_data(seed=5, offset=0.25, gyro_bias=np.array([0.004, -0.003, 0.002]))
+    a, b, phi = visual_increments(d["kt"], d["R"])
+    search = _OffsetSearch(a, b, phi, np.linalg.norm(phi, axis=1) / (b - a), GyroIntegral(d["it"], d["gyr"]), 8)
+    grid = np.arange(-9.0, 9.0, 0.0011)  # ~16k offsets: several blocks, most far outside the recording
+    fast = search.scores(grid)
+    slow = np.array([search.score(x)[0] for x in grid])
+    assert np.array_equal(np.isfinite(fast), np.isfinite(slow)) and np.isfinite(slow).sum() > 100
+    assert np.isneginf(fast[0]) and np.isneginf(fast[-1])
+    assert np.allclose(fast[np.isfinite(slow)], slow[np.isfinite(slow)], rtol=0, atol=1e-12)
+    assert abs(grid[int(np.argmax(fast))] - d["offset"]) < 0.01
+
+
 def test_align_refuses_without_rotation():
     d = make_data(seed=7, rot=0.0)
     with pytest.raises(AlignmentError, match="barely rotates"):

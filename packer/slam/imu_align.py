@@ -169,6 +169,28 @@ class _OffsetSearch:
         rate_g = np.linalg.norm(self.gi.increment(self.a[inside] + d, self.b[inside] + d), axis=1) / self.dt[inside]
         return _ncc(self.rate_v[inside], rate_g), int(inside.sum())
 
+    def scores(self, offsets: np.ndarray) -> np.ndarray:
+        """`score(d)[0]` for every candidate offset at once (the coarse search scans
+        thousands: one interpolation over a block of them instead of one per offset;
+        blocks of ~200k intervals keep a long session's memory small)."""
+        offsets = np.asarray(offsets, dtype=np.float64)
+        block = max(1, 200_000 // max(len(self.a), 1))
+        if len(offsets) > block:
+            return np.concatenate([self.scores(offsets[i:i + block]) for i in range(0, len(offsets), block)])
+        d = offsets[:, None]
+        a, b = self.a[None, :] + d, self.b[None, :] + d
+        inside = (a >= self.t_lo) & (b <= self.t_hi)
+        enough = inside.sum(axis=1) >= max(self.min_intervals, 0.5 * len(self.a))
+        rate_g = np.linalg.norm(self.gi.increment(a.ravel(), b.ravel()), axis=1).reshape(a.shape) / self.dt
+        w = inside.astype(np.float64)
+        n = np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+        x = self.rate_v[None, :] - (w * self.rate_v).sum(axis=1, keepdims=True) / n
+        y = rate_g - (w * rate_g).sum(axis=1, keepdims=True) / n
+        num = (w * x * y).sum(axis=1)
+        den = np.sqrt((w * x * x).sum(axis=1) * (w * y * y).sum(axis=1))
+        ncc = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+        return np.where(enough, ncc, -np.inf)
+
     def vec_cost(self, d: float, estimate_bias: bool) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
         """(RMS vector residual, R_ic, gyro bias, intervals used) with the rotation
         (and bias) re-fitted at this offset."""
@@ -183,12 +205,12 @@ def _coarse_offset(search: _OffsetSearch, lo: float, hi: float) -> float:
     ~100 ms wide peak of hand motion sampled), then a 1 ms grid around the best."""
     step = float(np.clip((hi - lo) / 4000.0, 0.002, 0.02))
     grid = np.arange(lo, hi + step, step)
-    scores = np.array([search.score(d)[0] for d in grid])
+    scores = search.scores(grid)
     if not np.isfinite(scores).any():
         raise AlignmentError("no clock offset puts the video inside the IMU recording")
     d0 = float(grid[int(np.nanargmax(scores))])
     fine = np.arange(d0 - 2 * step, d0 + 2 * step + 1e-4, 0.001)
-    fs = np.array([search.score(d)[0] for d in fine])
+    fs = search.scores(fine)
     return float(fine[int(np.argmax(fs))])
 
 

@@ -189,6 +189,7 @@ def test_a_still_camera_is_the_reason_given_when_its_model_disagrees_with_the_gy
         assert "barely translates" in str(e.value) and "texture" not in str(e.value), e.value
     else:
         assert "disagree with the gyro" in str(e.value) and "barely" not in str(e.value), e.value
+        assert "s into the video (" in str(e.value), e.value  # where: the second of video to look at
 
 
 def test_viba_names_a_still_camera_in_the_same_words(tmp_path):

@@ -239,6 +239,24 @@ def test_offset_scan_in_blocks_equals_one_offset_at_a_time():
     assert abs(grid[int(np.argmax(fast))] - d["offset"]) < 0.01
 
 
+def test_the_worst_stretch_of_a_model_is_where_its_rotations_went_wrong():
+    """A model right everywhere but 4.0-4.6 s into the video, where its rotations wander
+    by up to 3 deg (sliding tracks on a plain patch): the second a refusal names covers
+    that stretch and holds most of the disagreement; a right model has no such stretch."""
+    from packer.slam.imu_align import worst_stretch
+
+    d = make_data(seed=5, offset=0.25, gyro_bias=np.array([0.004, -0.003, 0.002]))
+    kt = d["kt"]
+    bump = np.clip(np.sin(np.pi * (kt - 4.0) / 0.6), 0, None) * ((kt > 4.0) & (kt < 4.6))
+    R_bad = d["R"] @ so3_exp(np.outer(bump, np.deg2rad([3.0, -2.0, 1.0])))
+    al = align_imu(kt, R_bad, d["it"], d["gyr"])
+    t0, t1, share = worst_stretch(kt, R_bad, d["it"], d["gyr"], al)
+    assert t0 <= 4.1 and t1 >= 4.5 and t1 - t0 <= 1.05 and share > 0.8, (t0, t1, share)
+    al_good = align_imu(kt, d["R"], d["it"], d["gyr"])
+    _a, _b, good_share = worst_stretch(kt, d["R"], d["it"], d["gyr"], al_good)
+    assert good_share < 0.4, good_share  # gyro noise only: spread over the whole 8 s
+
+
 def test_align_refuses_without_rotation():
     d = make_data(seed=7, rot=0.0)
     with pytest.raises(AlignmentError, match="barely rotates"):

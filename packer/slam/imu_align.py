@@ -283,6 +283,26 @@ def align_imu(
     return refine_by_orientation(key_ts, R_wc, imu_t, gyro, al, estimate_bias=estimate_bias)
 
 
+def worst_stretch(key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gyro: np.ndarray, al: ImuAlignment,
+                  seconds: float = 1.0) -> tuple[float, float, float]:
+    """(start, end, share): the `seconds` of video (frame clock) where the visual
+    rotations disagree with the aligned gyro most, and that stretch's share of the
+    whole squared disagreement. A refusal names it, so the user can look at what was
+    in view there (a plain table, the glove filling the frame, a blur)."""
+    a, b, phi = visual_increments(key_ts, R_wc)
+    inc = GyroIntegral(imu_t, gyro).increment(a + al.offset, b + al.offset)
+    r2 = np.sum((phi @ al.R_ic.T + np.outer(b - a, al.gyro_bias) - inc) ** 2, axis=1)
+    inside = (a + al.offset >= imu_t[0]) & (b + al.offset <= imu_t[-1])
+    r2 = np.where(inside, r2, 0.0)
+    if len(a) == 0 or r2.sum() <= 0:
+        return float(key_ts[0]), float(key_ts[-1]), 0.0
+    c = np.concatenate([[0.0], np.cumsum(r2)])
+    ends = np.searchsorted(b, a + seconds, side="right")  # intervals [i, ends[i]) lie within `seconds` of a[i]
+    i = int(np.argmax(c[ends] - c[np.arange(len(a))]))
+    j = max(int(ends[i]) - 1, i)
+    return float(a[i]), float(b[j]), float((c[j + 1] - c[i]) / c[-1])
+
+
 def refine_by_orientation(
     key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gyro: np.ndarray, al: ImuAlignment,
     estimate_bias: bool = True, iters: int = 2, prior_rot: float = 0.02, prior_bias: float = 0.002,

@@ -8,12 +8,12 @@ error naming the file to blame, never a silently wrong number."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from packer.session import Imu, Session
-from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
+from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu, worst_stretch
 from packer.slam.interpolate import interpolate_poses
 from packer.slam.marker import (
     MarkerError,
@@ -72,14 +72,8 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
     disagree = al.residual / max(al.rotation_rms, 1e-9)
     if disagree > opts.max_gyro_disagreement:
-        refuse_if_still(session, key_ts, key_T, imu, al, opts.scale_options)
-        raise session.error(
-            "rgb/",
-            f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
-            f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; need <= "
-            f"{opts.max_gyro_disagreement:.0%}): part of the model is wrong (too few or sliding features: plain "
-            "surfaces, blur, the glove filling the view). Record with more texture and light in view",
-        )
+        refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
+                            f"need <= {opts.max_gyro_disagreement:.0%}", "part of the model is wrong")
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
@@ -156,6 +150,24 @@ def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu
         return
     if excitation < opt.min_excitation:
         raise session.error("imu.json", still_reason(excitation, opt.min_excitation))
+
+
+def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
+                        opt: ScaleOptions, limit: str, verdict: str) -> NoReturn:
+    """Refuse a model whose rotations disagree with the gyro (either solver: `limit` and
+    `verdict` are its words), naming the second of video where they disagree most so
+    the user can look at what was in view there; a camera that barely translates is
+    the reason given instead (`refuse_if_still`)."""
+    refuse_if_still(session, key_ts, key_T, imu, al, opt)
+    disagree = al.residual / max(al.rotation_rms, 1e-9)
+    t0, t1, share = worst_stretch(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, al)
+    raise session.error(
+        "rgb/",
+        f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
+        f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; {limit}): {verdict}, most "
+        f"{t0:.1f}-{t1:.1f} s into the video ({share:.0%} of the disagreement): too few or sliding features there "
+        "(plain surfaces, blur, the glove filling the view). Record with more texture and light in view",
+    )
 
 
 def _part_scales(scale: float, spans: list[tuple[float, float]], key_ts: np.ndarray, centres: np.ndarray,

@@ -15,7 +15,7 @@ import numpy as np
 from packer.session import Imu, Session
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.scale import ScaleRefused, still_reason
-from packer.slam.scale_methods import estimate_only, refuse_if_still
+from packer.slam.scale_methods import estimate_only, refuse_disagreement
 from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
 from packer.slam.viba_inputs import keyframe_structure
 
@@ -35,14 +35,9 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
     if disagree > vopt.max_gyro_disagreement:
-        refuse_if_still(session, key_ts, key_T, imu, al, opts.scale_options)
-        raise session.error(
-            "rgb/",
-            f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
-            f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; the bundle adjustment repairs up "
-            f"to {vopt.max_gyro_disagreement:.0%}): the model is wrong, not distorted (too few or sliding features: "
-            "plain surfaces, blur, the glove filling the view). Record with more texture and light in view",
-        )
+        refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
+                            f"the bundle adjustment repairs up to {vopt.max_gyro_disagreement:.0%}",
+                            "the model is wrong, not distorted")
     try:
         sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)
     except ScaleRefused as e:

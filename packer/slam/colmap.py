@@ -198,8 +198,8 @@ SERIAL = 1  # threads for the mapper (its Ceres solves included) and the SIFT fa
 
 BA_FUNCTION_TOLERANCE = 1e-4  # the global mapper's bundle adjustments stop once an iteration lowers the cost by less
 # than this share (COLMAP: 1e-5). Most of a long session's mapping is its retriangulation's repeated full adjustments:
-# 30 s fast session 17.2 -> 13.3 s of mapping. On 27 10-s sessions (fast, glove, lens, seeds 3-11) the scale moved by a
-# median 0.009% (worst 0.11%, 0.45 of its reported std, either sign) and the ATE by <= 0.003% of the path
+# 30 s fast session 17.2 -> 13.3 s of mapping. On 30 10-s sessions (fast, glove, lens, seeds 3-12) the scale moved by a
+# median 0.008% (worst 0.11%, 0.45 of its reported std, either sign) and the ATE by <= 0.003% of the path
 
 
 def _sift_features(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, opt: SfmOptions) -> None:

@@ -30,7 +30,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores {cpu}{mem}"
 
 
-def write_csv(path: Path, rows: list[dict]) -> Path:
+def write_csv(path: Path, rows: list[dict], command: str | None = None) -> Path:
+    """`rows` as a CSV at `path`, every row stamped with the `command` that made it when given."""
+    if command is not None:
+        for r in rows:
+            r["command"] = command
     path.parent.mkdir(parents=True, exist_ok=True)
     fields: list[str] = []
     for r in rows:

@@ -195,9 +195,8 @@ def run(results_dir: Path, quick: bool = False) -> list[dict]:
 
     sessions, seconds = (3, 5.0) if quick else (20, 10.0)
     rows = sweep(list(PROFILES), sessions, seconds, BASELINE_REF)
-    for r in rows:
-        r["command"] = "make bench (python -m bench --only slam_hard" + (" --quick)" if quick else ")")
-    write_csv(Path(results_dir) / "slam_hard.csv", rows)
+    write_csv(Path(results_dir) / "slam_hard.csv", rows,
+              "make bench (python -m bench --only slam_hard" + (" --quick)" if quick else ")"))
     return rows
 
 
@@ -216,11 +215,9 @@ def main() -> int:
     a = ap.parse_args()
     rows = sweep(a.profiles.split(","), a.sessions, a.seconds, a.baseline or None, a.log, a.baseline_dir,
                  a.first_seed)
-    cmd = "python -m bench.slam_hard " + " ".join(sys.argv[1:])
     for r in rows:
-        r["command"] = cmd
-        print({k: v for k, v in r.items() if k not in ("machine", "command")})
-    write_csv(a.out, rows)
+        print({k: v for k, v in r.items() if k != "machine"})
+    write_csv(a.out, rows, "python -m bench.slam_hard " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -14,62 +14,64 @@ then a median row per tree.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import machine, write_csv
-from bench.slam_hard import REPO, accuracy, baseline_tree, render, run_slam
+from bench.common import baseline_worktree, machine, write_csv
+from bench.slam_hard import REPO, accuracy, render, run_slam
 
 BASELINE_REF = "07abe31"  # main before the mapper's coarser stop and the block-wise clock search (session 11)
 FRAMES = 1800
+VIDEO_S = (FRAMES - 1) / 60.0  # 29.98 s from the first frame to the last
 
 
 def sweep(reps: int, baseline: str | None) -> list[dict]:
     src = render("fast", 0, FRAMES)
-    video_s = (FRAMES - 1) / 60.0
     work = Path(tempfile.mkdtemp(prefix="bench-slam-realtime-"))
     trees = {"shardship (this tree)": str(REPO)}
-    if baseline:
-        trees[f"baseline {baseline}"] = str(baseline_tree(baseline, work))
-    rows: list[dict] = []
     try:
-        for rep in range(reps):
-            for name, tree in trees.items():
-                rc, wall, cpu, line = run_slam(src, work / "run", tree)
-                row = {"machine": machine(), "tree": name, "rep": rep, "accepted": rc == 0, "wall_s": round(wall, 1),
-                       "cpu_s": round(cpu, 1), "x_real_time": round(wall / video_s, 3)}
-                if rc == 0:
-                    row["scale_err_pct"] = round(accuracy(work / "run" / "raw" / src.name, src)["scale_error_pct"], 3)
+        with contextlib.ExitStack() as stack:
+            if baseline:
+                base, why = stack.enter_context(baseline_worktree(baseline, work / "baseline"))
+                if base is None:
+                    print("   ", why, flush=True)
                 else:
-                    row["refusal"] = line[-120:]
-                print("   ", {k: v for k, v in row.items() if k != "machine"}, flush=True)
-                rows.append(row)
+                    trees[f"baseline {baseline}"] = str(base)
+            rows = [_one_run(src, work, name, tree, rep) for rep in range(reps) for name, tree in trees.items()]
     finally:
-        if baseline:
-            import subprocess
-
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")],
-                           capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
-    for name in trees:
-        mine = [r for r in rows if r["tree"] == name]
-        walls = [r["wall_s"] for r in mine]
-        rows.append({"machine": machine(), "tree": name, "rep": "median", "wall_s": statistics.median(walls),
-                     "cpu_s": statistics.median(r["cpu_s"] for r in mine),
-                     "x_real_time": round(statistics.median(walls) / video_s, 3),
-                     "spread_s": f"{min(walls)}-{max(walls)}"})
-    return rows
+    return rows + [_median_row(name, [r for r in rows if r["tree"] == name]) for name in trees]
+
+
+def _one_run(src: Path, work: Path, name: str, tree: str, rep: int) -> dict:
+    """The whole `packer slam` command once on a fresh copy (`slam_hard.run_slam`), as one row."""
+    rc, wall, cpu, line = run_slam(src, work / "run", tree)
+    row = {"machine": machine(), "tree": name, "rep": rep, "accepted": rc == 0, "wall_s": round(wall, 1),
+           "cpu_s": round(cpu, 1), "x_real_time": round(wall / VIDEO_S, 3)}
+    if rc == 0:
+        row["scale_err_pct"] = round(accuracy(work / "run" / "raw" / src.name, src)["scale_error_pct"], 3)
+    else:
+        row["refusal"] = line[-120:]
+    print("   ", {k: v for k, v in row.items() if k != "machine"}, flush=True)
+    return row
+
+
+def _median_row(name: str, mine: list[dict]) -> dict:
+    walls = [r["wall_s"] for r in mine]
+    return {"machine": machine(), "tree": name, "rep": "median", "wall_s": statistics.median(walls),
+            "cpu_s": statistics.median(r["cpu_s"] for r in mine),
+            "x_real_time": round(statistics.median(walls) / VIDEO_S, 3), "spread_s": f"{min(walls)}-{max(walls)}"}
 
 
 def run(results_dir: Path, quick: bool = False) -> list[dict]:
     """`make bench` entry: 3 interleaved runs per tree (1 with --quick)."""
     rows = sweep(1 if quick else 3, BASELINE_REF)
-    for r in rows:
-        r["command"] = "make bench (python -m bench --only slam_realtime" + (" --quick)" if quick else ")")
-    write_csv(Path(results_dir) / "slam_realtime.csv", rows)
+    write_csv(Path(results_dir) / "slam_realtime.csv", rows,
+              "make bench (python -m bench --only slam_realtime" + (" --quick)" if quick else ")"))
     return rows
 
 
@@ -79,11 +81,7 @@ def main() -> int:
     ap.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline ('' for none)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "slam_realtime.csv")
     a = ap.parse_args()
-    rows = sweep(a.reps, a.baseline or None)
-    cmd = "python -m bench.slam_realtime " + " ".join(sys.argv[1:])
-    for r in rows:
-        r["command"] = cmd
-    write_csv(a.out, rows)
+    write_csv(a.out, sweep(a.reps, a.baseline or None), "python -m bench.slam_realtime " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -48,6 +48,8 @@ class SfmOptions:
     # the tracker now drops those itself, and 200 cost 17 s of a 30 s session)
     refine_intrinsics: bool = True  # calib.txt as the start of a SIMPLE_RADIAL camera whose focal length and k1
     # bundle adjustment refines (the user's own COLMAP settings): calib.txt is the app's nominal matrix
+    hold_rotations: bool = False  # global mapper with the gyro's rotations (tracks.rotations): its bundle
+    # adjustments keep them (the start of `packer.slam.gyro_repair`)
 
 
 @dataclass
@@ -68,6 +70,9 @@ class SfmModel:
     chunks: list[dict] = field(default_factory=list)  # a long session mapped in parts: how each was joined
     rolling_shutter: float | None = None  # s, the readout the tracks were corrected for (`rolling.py`)
     rolling_shutter_curve: dict = field(default_factory=dict)  # candidate ms -> gyro disagreement when measured
+    tracks: Tracks | None = None  # the KLT tracks it was built from, rolling shutter taken out (one-part models)
+    check_R_wc: np.ndarray | None = None  # (M,3,3) a model whose rotations are the gyro's (`gyro_repair`): the
+    # rotations its images want, in the registered keyframes' time order; the gyro check is made on these
     # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points
     # (P,3) and every observation as (image index into names, point index, pixel x, y) in (K,) / (K,2) arrays
     points_xyz: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
@@ -358,6 +363,9 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
         m.bundle_adjustment.refine_focal_length = not fixed_intrinsics
         m.bundle_adjustment.refine_principal_point = False
         m.bundle_adjustment.refine_extra_params = not fixed_intrinsics
+        if opt.hold_rotations and gyro_poses:
+            m.ba_skip_joint_optimization_stage = True  # rotations stay those of the gyro's relative poses
+            m.bundle_adjustment.constant_rig_from_world_rotation = True
         return dict(pycolmap.global_mapping(db, image_dir, out, o))
     o = pycolmap.IncrementalPipelineOptions()
     o.num_threads = SERIAL

@@ -25,7 +25,7 @@ from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
-from packer.slam.scale_methods import metric_scale
+from packer.slam.scale_methods import GyroDisagreement, metric_scale
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
@@ -208,7 +208,19 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     if model.chunks:  # the parts' time spans: the IMU scale is solved per part too, as a check of the joins
         ranges = chunk_ranges(len(kpos), opts.chunk_keyframes, opts.chunk_overlap)
         spans = [(float(session.timestamps[kpos[a]]), float(session.timestamps[kpos[b - 1]])) for a, b in ranges]
-    scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
+    try:
+        scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
+    except GyroDisagreement as refusal:
+        assert imu is not None
+        kpos, key_pos, key_T, model, extra = _repaired_scale(session, opts, imu, model, refusal, stages)
+        scale, metric = extra.pop("scale"), True
+        key_ts, centres = session.timestamps[key_pos], key_T[:, :3, 3]
+        reg_frac = len(key_pos) / len(kpos)
+        info.update({"keyframes": len(kpos), "registered_keyframes": len(key_pos), "registered_fraction": reg_frac,
+                     "frontend_used": "klt, mapped again on the gyro's rotations",
+                     "reprojection_error": model.reprojection_error, "points": model.n_points,
+                     "camera": model.camera, "world": "the gyro's (its first sample), origin at the first "
+                     "registered keyframe, scaled to metres"})
     refined = extra.pop("keyframe_poses", None)  # --solver viba: the bundle adjustment's metric keyframes
     info.update(extra)
     info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale,
@@ -227,6 +239,33 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     if opts.plot:
         result.plot = _plot(session, poses, flags, result.message, metric)
     return result
+
+
+Repair = tuple[np.ndarray, np.ndarray, np.ndarray, SfmModel, dict[str, Any]]
+
+
+def _repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: SfmModel, refusal: GyroDisagreement,
+                    stages: Callable[[str], None]) -> Repair:
+    """(keyframes, registered ones, their poses, model, scale fields with "scale") of the gyro repair
+    of a model the gyro check refused (`gyro_repair`); the refusal stands, with what
+    the repair found, when it does not apply, fails, or its model is refused too."""
+    from packer.slam import gyro_repair
+
+    if not gyro_repair.applies(opts, model):
+        raise refusal
+    stages("scale (gyro repair)")
+    try:
+        rep = gyro_repair.gyro_repair(session, opts, imu, model, refusal.alignment)
+        if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
+            raise gyro_repair.RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes")
+        scale, _metric, extra = metric_scale(session, opts, imu, rep.key_pos, session.timestamps[rep.key_pos],
+                                             rep.key_T, rep.model)
+    except (gyro_repair.RepairFailed, SessionError) as e:
+        why = e.reason if isinstance(e, SessionError) else str(e)
+        raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "
+                            f"calibrated from the images: {why}") from None
+    extra.update({"scale": scale, "gyro_repair": rep.fields})
+    return rep.kpos, rep.key_pos, rep.key_T, rep.model, extra
 
 
 def _cached_result(session: Session, opts: SlamOptions, info: dict[str, Any]) -> SlamResult:
@@ -275,6 +314,7 @@ def _reconstruct_keyframes(
         if alt is not None and (found is None or len(alt[2]) / len(alt[0]) > len(found[2]) / len(found[0])):
             alt[1].frontend_note = (f"KLT tracks registered {_frac(found)} of the keyframes; the SIFT front-end "
                                     f"registered more and was used")
+            alt[1].tracks = None if found is None else found[1].tracks  # what `gyro_repair` maps again
             found = alt
         if found is None:
             raise first_error
@@ -330,6 +370,7 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
     except SfmError as e:
         raise session.error("rgb/", str(e)) from None
     model.rolling_shutter, model.rolling_shutter_curve = readout, curve
+    model.tracks = tracks if not model.chunks else None  # `gyro_repair` maps them again
     key_pos, key_T = model.registered(names, kpos)
     return kpos, model, key_pos, key_T
 

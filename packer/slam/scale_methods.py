@@ -23,6 +23,7 @@ from packer.slam.marker import (
     scale_from_marker,
 )
 from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale, still_reason
+from shardship.errors import SessionError
 
 if TYPE_CHECKING:
     from packer.slam.colmap import SfmModel
@@ -53,26 +54,35 @@ def metric_scale(
             names = [session.frame_paths[int(k)].name for k in key_pos]
             return viba_scale(session, opts, imu, key_ts, key_T, model, names)
         readout = float(model.rolling_shutter or 0.0) if model is not None else 0.0
-        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout)
+        check = None if model is None else model.check_R_wc
+        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout, check)
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)
     return _known_distance_scale(session, opts, key_ts, key_T)
 
 
 def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
-               spans: list[tuple[float, float]] | None = None, readout: float = 0.0) -> ScaleFit:
+               spans: list[tuple[float, float]] | None = None, readout: float = 0.0,
+               check_R_wc: np.ndarray | None = None) -> ScaleFit:
     """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
     accelerometer scale solve on that alignment (and per part of a long session).
-    The std's model term: see `_model_rel_std`."""
+    The gyro check is made on `check_R_wc` when given (a model whose rotations are the
+    gyro's: the rotations its images want, `gyro_repair`). The std's model term: see
+    `_model_rel_std`."""
     centres = key_T[:, :3, 3]
     R_wc = key_T[:, :3, :3]
     try:
         al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+        checked = al if check_R_wc is None else align_imu(key_ts, check_R_wc, imu.t, imu.gyro,
+                                                          max_offset=opts.max_imu_offset)
     except AlignmentError as e:
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
-    disagree = al.residual / max(al.rotation_rms, 1e-9)
+    disagree = checked.residual / max(checked.rotation_rms, 1e-9)
     if disagree > opts.max_gyro_disagreement:
-        refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
+        check_T = key_T.copy()
+        if check_R_wc is not None:
+            check_T[:, :3, :3] = check_R_wc
+        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options,
                             f"need <= {opts.max_gyro_disagreement:.0%}", "part of the model is wrong")
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
@@ -152,6 +162,15 @@ def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu
         raise session.error("imu.json", still_reason(excitation, opt.min_excitation))
 
 
+class GyroDisagreement(SessionError):
+    """The model's rotations disagree with the gyro; `alignment` is the gyro aligned on
+    that model anyway (most of it is often right: `gyro_repair` starts from it)."""
+
+    def __init__(self, session: str, path: str, reason: str, alignment: ImuAlignment):
+        super().__init__(session, path, reason)
+        self.alignment = alignment
+
+
 def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
                         opt: ScaleOptions, limit: str, verdict: str) -> NoReturn:
     """Refuse a model whose rotations disagree with the gyro (either solver: `limit` and
@@ -161,12 +180,14 @@ def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray,
     refuse_if_still(session, key_ts, key_T, imu, al, opt)
     disagree = al.residual / max(al.rotation_rms, 1e-9)
     t0, t1, share = worst_stretch(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, al)
-    raise session.error(
-        "rgb/",
+    plain = session.error("rgb/", "")
+    raise GyroDisagreement(
+        plain.session, plain.path,
         f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
         f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; {limit}): {verdict}, most "
         f"{t0:.1f}-{t1:.1f} s into the video ({share:.0%} of the disagreement): too few or sliding features there "
         "(plain surfaces, blur, the glove filling the view). Record with more texture and light in view",
+        al,
     )
 
 

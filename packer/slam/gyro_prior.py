@@ -80,25 +80,50 @@ def epipolar_px(xa: np.ndarray, xb: np.ndarray, R: np.ndarray, t: np.ndarray, f:
     return f * np.abs(np.sum(line * xb, axis=1)) / np.maximum(np.linalg.norm(line[:, :2], axis=1), 1e-12)
 
 
-def off_the_gyro(ids_a: np.ndarray, xa: np.ndarray, ids_b: np.ndarray, xb: np.ndarray, R: np.ndarray, f: float,
-                 max_px: float) -> np.ndarray:
-    """Ids shared by two keyframes whose motion the gyro's rotation R and the best
-    translation cannot explain (more than `max_px` off the epipolar line): corners on
-    the glove or a finger (they stay put while the scene turns), or sliding on a plain
-    patch. The translation is refitted twice without the worst third, so a quarter of
-    the corners on the glove cannot tilt it. A corner whose rotational flow runs along
-    its epipolar line (translation parallel to that flow) fits in that pair; 19 of 30
-    such corners were caught in one synthetic pair, the rest by the other pairs."""
+def pair_epipolar_px(ids_a: np.ndarray, xa: np.ndarray, ids_b: np.ndarray, xb: np.ndarray, R: np.ndarray, f: float
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(shared ids, each one's distance (px) from its epipolar line) for two keyframes
+    under the gyro's rotation R and the translation that fits best. The translation
+    is refitted twice without the worst third, so a quarter of the corners on the
+    glove cannot tilt it. Empty when they share fewer than 8 corners."""
     _c, ia, ib = np.intersect1d(ids_a, ids_b, assume_unique=True, return_indices=True)
     if len(ia) < 8:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), np.zeros(0)
     a, b = xa[ia], xb[ib]
     use = np.ones(len(a), bool)
     for _ in range(3):
         t = translation_direction(a[use], b[use], R)
         err = epipolar_px(a, b, R, t, f)
         use = err <= max(np.quantile(err, 0.67), 0.5)
-    return ids_a[ia][err > max_px]
+    return ids_a[ia], err
+
+
+def off_the_gyro(ids_a: np.ndarray, xa: np.ndarray, ids_b: np.ndarray, xb: np.ndarray, R: np.ndarray, f: float,
+                 max_px: float) -> np.ndarray:
+    """Ids shared by two keyframes whose motion the gyro's rotation R and the best
+    translation cannot explain (more than `max_px` off the epipolar line): corners on
+    the glove or a finger (they stay put while the scene turns), or sliding on a plain
+    patch. A corner whose rotational flow runs along its epipolar line (translation
+    parallel to that flow) fits in that pair; 19 of 30 such corners were caught in one
+    synthetic pair, the rest by the other pairs."""
+    ids, err = pair_epipolar_px(ids_a, xa, ids_b, xb, R, f)
+    return ids[err > max_px]
+
+
+def gyro_fit_px(tracks, camera: list[float]) -> float:
+    """How well the gyro's rotations (`tracks.rotations`) fit the tracks: the median over
+    consecutive keyframe pairs of the median epipolar distance (px). A camera-IMU rotation
+    or bias a few degrees off tilts every pair's epipolar lines; this picks the better of
+    two calibrations without mapping either (`gyro_repair`)."""
+    assert tracks.rotations is not None
+    per_pair = []
+    for k in range(1, len(tracks.keyframes)):
+        R = tracks.rotations[k].T @ tracks.rotations[k - 1]
+        _ids, err = pair_epipolar_px(tracks.ids[k - 1], undistorted_bearings(tracks.points[k - 1], camera),
+                                     tracks.ids[k], undistorted_bearings(tracks.points[k], camera), R, camera[0])
+        if len(err):
+            per_pair.append(float(np.median(err)))
+    return float(np.median(per_pair)) if per_pair else float("inf")
 
 
 def drop_off_gyro(tracks, camera: list[float], max_px: float = 3.0, min_share: float = 0.5):

@@ -29,7 +29,7 @@ import numpy as np
 
 from packer.slam import colmap
 from packer.slam.gyro_ba import Gyro, GyroBaOptions, Observations, free_rotations, gyro_bundle_adjust
-from packer.slam.gyro_prior import drop_off_gyro, gyro_rotations
+from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
 from packer.slam.rotations import rotation_mean, so3_log
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 MIN_OBSERVATIONS = 30  # a keyframe seeing fewer points (or under a fifth of the median) is left out: its centre
 # would rest on a handful of short tracks (every-effect seed 7: 7 observations, 0.29 m off, the scale refused)
+MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
+# model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
 
@@ -70,11 +72,14 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     assert model.tracks is not None
     kpos = np.asarray(model.tracks.keyframes, dtype=np.int64)
     ts = session.timestamps[kpos]
+    cam0 = [float(v) for v in (session.intrinsics or (model.camera[0], 0, model.camera[1], model.camera[2]))]
+    refused_al = al
+    al, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], model.camera[3] if len(model.camera) > 3 else 0.0],
+                        {"the refused model": al, "a 3 s window SfM": model.window_alignment})
     n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))  # keyframes the IMU covers (its last ~0.25 s may be missing)
     if n < 3:
         raise RepairFailed("the IMU covers too few keyframes")
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos[:n]]
-    cam0 = [float(v) for v in (session.intrinsics or (model.camera[0], 0, model.camera[1], model.camera[2]))]
     tracks = dataclasses.replace(model.tracks.subset(0, n), rotations=gyro_rotations(imu, al, ts[:n]))
     tracks = drop_off_gyro(tracks, [cam0[0], cam0[2], cam0[3], 0.0])
     sfm = dataclasses.replace(opts.sfm_options(), hold_rotations=True)
@@ -101,6 +106,9 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     if not res.converged:
         raise RepairFailed(f"the gyro-calibrated bundle adjustment did not converge in {res.iterations} iterations "
                            f"(the camera-IMU rotation moved {_deg(res.R_ic, al.R_ic):.1f} deg)")
+    f_calib = cam0[0]
+    if abs(res.camera[0] / f_calib - 1) > MAX_FOCAL_CHANGE:
+        raise RepairFailed(f"its focal length went to {res.camera[0]:.0f} px, calib.txt says {f_calib:.0f}")
     if res.inliers < MIN_INLIERS:
         raise RepairFailed(f"the gyro's rotations fit only {res.inliers:.0%} of the observations "
                            f"(need {MIN_INLIERS:.0%})")
@@ -109,7 +117,8 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     m.check_R_wc = free_rotations(res, obs)
     m.camera, m.reprojection_error = list(res.camera), res.rms_px
     fields = {
-        "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
+        "refused_gyro_disagreement": refused_al.residual / max(refused_al.rotation_rms, 1e-9),
+        "start": starts,
         "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),
         "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
         "camera": list(res.camera),
@@ -118,6 +127,31 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
         "iterations": res.iterations,
     }
     return Repaired(kpos[:n], kpos[:n][k_of_image], key_T, m, fields)
+
+
+def _start(model: colmap.SfmModel, imu: Imu, ts: np.ndarray, camera: list[float],
+           candidates: dict[str, ImuAlignment | None]) -> tuple[ImuAlignment, dict[str, Any]]:
+    """(the gyro calibration to start from, what was compared): each candidate, with its
+    bias and with none (a phone's rotation rate comes bias-corrected), scored by how well
+    its rotations fit the tracks (`gyro_fit_px`). The refused model's own alignment is
+    0.2-37 deg off on every-effect sessions, a 3 s window's 0.7-6.6 deg."""
+    assert model.tracks is not None
+    scores: dict[str, float] = {}
+    best: tuple[float, ImuAlignment] | None = None
+    for name, cand in candidates.items():
+        if cand is None:
+            continue
+        for label, al in ((name, cand), (f"{name}, no bias", dataclasses.replace(cand, gyro_bias=np.zeros(3)))):
+            n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))
+            if n < 3:
+                continue
+            tracks = dataclasses.replace(model.tracks.subset(0, n), rotations=gyro_rotations(imu, al, ts[:n]))
+            scores[label] = round(gyro_fit_px(tracks, camera), 4)
+            if best is None or scores[label] < best[0]:
+                best = (scores[label], al)
+    if best is None:
+        raise RepairFailed("the IMU covers too few keyframes")
+    return best[1], {"epipolar_px": scores, "chosen": min(scores, key=lambda k: scores[k])}
 
 
 def _deg(A: np.ndarray, B: np.ndarray) -> float:

@@ -314,7 +314,8 @@ def _reconstruct_keyframes(
         if alt is not None and (found is None or len(alt[2]) / len(alt[0]) > len(found[2]) / len(found[0])):
             alt[1].frontend_note = (f"KLT tracks registered {_frac(found)} of the keyframes; the SIFT front-end "
                                     f"registered more and was used")
-            alt[1].tracks = None if found is None else found[1].tracks  # what `gyro_repair` maps again
+            if found is not None:  # what `gyro_repair` maps again
+                alt[1].tracks, alt[1].window_alignment = found[1].tracks, found[1].window_alignment
             found = alt
         if found is None:
             raise first_error
@@ -361,8 +362,9 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
     rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos]
     readout: float | None = None
     curve: dict = {}
+    window_al = None
     if tracks is not None:
-        tracks, readout, curve = rolling.shutter_free(session, opts, imu, tracks, rel, kpos, stages)
+        tracks, readout, curve, window_al = rolling.shutter_free(session, opts, imu, tracks, rel, kpos, stages)
     try:
         model = reconstruct_chunked(session.path / "rgb", rel, session.intrinsics, opts.sfm_options(),
                                     stage=stages, tracks=tracks,
@@ -371,6 +373,7 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
         raise session.error("rgb/", str(e)) from None
     model.rolling_shutter, model.rolling_shutter_curve = readout, curve
     model.tracks = tracks if not model.chunks else None  # `gyro_repair` maps them again
+    model.window_alignment = window_al
     key_pos, key_T = model.registered(names, kpos)
     return kpos, model, key_pos, key_T
 

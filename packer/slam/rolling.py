@@ -186,16 +186,18 @@ class WindowSfm:
 
 
 def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: Tracks, rel: list[str],
-                 kpos: np.ndarray, stages: Callable[[str], None]) -> tuple[Tracks, float | None, dict]:
+                 kpos: np.ndarray, stages: Callable[[str], None]
+                 ) -> tuple[Tracks, float | None, dict, ImuAlignment | None]:
     """(tracks corrected for the readout and carrying the gyro's rotations, the readout
-    or None when unknown, the measurement's curve). The readout is `[slam]
+    or None when unknown, the measurement's curve, the gyro aligned on the best window
+    SfM when one ran: a start for `gyro_repair` that owes nothing to the main model). The readout is `[slam]
     rolling_shutter` when given, else measured against the gyro (`estimate_readout`);
     with `[slam] gyro_prior` (experimental) the window SfMs that measure it also align
     the gyro, whose rotations then guide the main SfM (`gyro_prior.py`). Without an
     IMU the tracks are left as they are (or corrected for a readout given)."""
     if imu is None:
         r = opts.rolling_shutter
-        return (tracks, None, {}) if r is None else (corrected(tracks, r, session.fps), r, {})
+        return (tracks, None, {}, None) if r is None else (corrected(tracks, r, session.fps), r, {}, None)
     stages("features (rolling shutter)")
     win = WindowSfm(session.path / "rgb", rel, session.timestamps[kpos], session.intrinsics, opts.sfm_options(), imu,
                     opts.max_imu_offset)
@@ -213,4 +215,4 @@ def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: T
 
         fixed = dataclasses.replace(fixed, rotations=gyro_rotations(imu, win.best[1], session.timestamps[kpos]))
         fixed = drop_off_gyro(fixed, win.best[2])
-    return fixed, readout, curve
+    return fixed, readout, curve, None if win.best is None else win.best[1]

@@ -107,11 +107,13 @@ def accuracy(d: Path, src: Path) -> dict:
         "window_spread": float(info.get("window_spread") or np.nan),
         "readout_ms": 1000 * float(info.get("rolling_shutter") or 0.0),
         "camera": info.get("camera"),
+        "repaired": "gyro_repair" in info,  # refused by the gyro check, then mapped on the gyro's rotations
     }
 
 
 def _refusal_kind(line: str) -> str:
-    for key in ("registered only", "poorly constrained", "explains only", "not observable", "disagree",
+    for key in ("did not converge", "focal length went", "registered only", "poorly constrained", "explains only",
+                "not observable", "no similarity", "disagree",
                 "no model", "almost no features", "barely translates", "alignment failed"):
         if key in line:
             return key
@@ -135,6 +137,8 @@ def summarise(profile: str, method: str, runs: list[dict], seconds: float) -> di
             rot_rms_median_deg=round(float(np.median([r["rot_rms_deg"] for r in ok])), 3),
             rot_rms_worst_deg=round(float(max(r["rot_rms_deg"] for r in ok)), 3),
             registered_median=round(float(np.median([r["registered"] for r in ok])), 3),
+            repaired=sum(bool(r.get("repaired")) for r in ok),
+            signed_err_median_pct=round(float(np.median([r["scale_error_pct"] for r in ok])), 3),
         )
     row["wall_per_video_s"] = round(statistics.median(r["wall"] for r in runs) / seconds, 2)
     row["cpu_per_video_s"] = round(statistics.median(r["cpu"] for r in runs) / seconds, 2)

@@ -28,19 +28,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.slam import colmap
-from packer.slam.gyro_ba import Gyro, GyroBaOptions, Observations, free_rotations, gyro_bundle_adjust
+from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations, free_rotations, gyro_bundle_adjust
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
+from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.rotations import rotation_mean, so3_log
 
 if TYPE_CHECKING:
     from packer.session import Imu, Session
     from packer.slam.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
+    from packer.slam.tracks import Tracks
 
 MIN_OBSERVATIONS = 30  # a keyframe seeing fewer points (or under a fifth of the median) is left out: its centre
 # would rest on a handful of short tracks (every-effect seed 7: 7 observations, 0.29 m off, the scale refused)
 MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
+ROUNDS = 3  # map and adjust again from the gyro aligned on the rotations the images want, while they pull away
+AGAIN_BELOW = 0.03  # ... by more than this share of the rotation rate (repaired models that were right: 0.7-2.5%)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
 
@@ -73,25 +77,57 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     kpos = np.asarray(model.tracks.keyframes, dtype=np.int64)
     ts = session.timestamps[kpos]
     cam0 = [float(v) for v in (session.intrinsics or (model.camera[0], 0, model.camera[1], model.camera[2]))]
-    refused_al = al
-    al, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], model.camera[3] if len(model.camera) > 3 else 0.0],
-                        {"the refused model": al, "a 3 s window SfM": model.window_alignment})
+    k1 = model.camera[3] if len(model.camera) > 3 else 0.0
+    start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
+                           {"the refused model": al, "a 3 s window SfM": model.window_alignment})
+    for _round in range(ROUNDS):
+        n, m, k_of_image, res, obs = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
+        times = ts[k_of_image]
+        m.check_R_wc = free_rotations(res, obs)
+        try:
+            again = align_imu(times, m.check_R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+        except AlignmentError as e:
+            raise RepairFailed(f"the gyro could not be aligned on the repaired model ({e})") from None
+        if res.converged and again.residual <= AGAIN_BELOW * again.rotation_rms or _round == ROUNDS - 1:
+            break
+        start = again  # the images still pull away from the gyro's rotations: start again from what they want
+    _check(res, cam0[0], start)
+    key_T = np.tile(np.eye(4), (len(times), 1, 1))
+    key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc, res.centres
+    m.camera, m.reprojection_error = list(res.camera), res.rms_px
+    fields = {
+        "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
+        "start": starts,
+        "rounds": _round + 1,
+        "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),  # from the refused model's alignment
+        "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
+        "camera": list(res.camera),
+        "inliers": res.inliers,
+        "reprojection_rms_px": res.rms_px,
+        "iterations": res.iterations,
+    }
+    return Repaired(kpos[:n], kpos[k_of_image], key_T, m, fields)
+
+
+def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Tracks, ts: np.ndarray, al: ImuAlignment,
+                    cam0: list[float]) -> tuple[int, colmap.SfmModel, np.ndarray, GyroBaResult, Observations]:
+    """(keyframes the IMU covers, the model mapped on the gyro's rotations, its images' keyframe
+    indices in time order (the well-seen ones), the adjustment, its observations) for one calibration."""
     n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))  # keyframes the IMU covers (its last ~0.25 s may be missing)
     if n < 3:
         raise RepairFailed("the IMU covers too few keyframes")
-    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in kpos[:n]]
-    tracks = dataclasses.replace(model.tracks.subset(0, n), rotations=gyro_rotations(imu, al, ts[:n]))
-    tracks = drop_off_gyro(tracks, [cam0[0], cam0[2], cam0[3], 0.0])
+    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in tracks.keyframes[:n]]
+    held = dataclasses.replace(tracks.subset(0, n), rotations=gyro_rotations(imu, al, ts[:n]))
+    held = drop_off_gyro(held, [cam0[0], cam0[2], cam0[3], 0.0])
     sfm = dataclasses.replace(opts.sfm_options(), hold_rotations=True)
     try:
-        m = colmap.reconstruct(session.path / "rgb", rel, session.intrinsics, sfm, tracks=tracks)
+        m = colmap.reconstruct(session.path / "rgb", rel, session.intrinsics, sfm, tracks=held)
     except colmap.SfmError as e:
         raise RepairFailed(f"mapping on the gyro's rotations failed ({e})") from None
     where = {name: i for i, name in enumerate(rel)}
     k_of_image = np.array([where[name] for name in m.names])  # SfM image -> keyframe (index into rel)
     order = np.argsort(k_of_image)
-    times = ts[k_of_image[order]]
-    gyro = Gyro(imu.t - al.offset, imu.gyro, times)
+    gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_of_image[order]])
     R_m = np.swapaxes(m.R_cw, -1, -2)[order]  # camera-to-world, time order
     c_m = -np.einsum("nij,nj->ni", R_m, m.t_cw[order])
     G = rotation_mean(R_m @ np.swapaxes(gyro.rotations(al.R_ic, al.gyro_bias), -1, -2))  # model world <- gyro world
@@ -99,34 +135,23 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     rank[order] = np.arange(len(order))
     obs = Observations(rank[m.obs_image], m.obs_point.astype(np.int64), m.obs_xy.astype(np.float64))
     seen, obs = well_seen(obs, len(order))
-    times, c_m, k_of_image = times[seen], c_m[seen], k_of_image[order][seen]
-    gyro = Gyro(imu.t - al.offset, imu.gyro, times)
+    c_m, k_sorted = c_m[seen], k_of_image[order][seen]
+    gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
     res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G, list(m.camera), al.R_ic,
                              al.gyro_bias, GyroBaOptions())
+    return n, m, k_sorted, res, obs
+
+
+def _check(res: GyroBaResult, f_calib: float, al: ImuAlignment) -> None:
+    """RepairFailed unless the adjustment converged to a plausible camera that fits the observations."""
     if not res.converged:
         raise RepairFailed(f"the gyro-calibrated bundle adjustment did not converge in {res.iterations} iterations "
                            f"(the camera-IMU rotation moved {_deg(res.R_ic, al.R_ic):.1f} deg)")
-    f_calib = cam0[0]
     if abs(res.camera[0] / f_calib - 1) > MAX_FOCAL_CHANGE:
         raise RepairFailed(f"its focal length went to {res.camera[0]:.0f} px, calib.txt says {f_calib:.0f}")
     if res.inliers < MIN_INLIERS:
         raise RepairFailed(f"the gyro's rotations fit only {res.inliers:.0%} of the observations "
                            f"(need {MIN_INLIERS:.0%})")
-    key_T = np.tile(np.eye(4), (len(times), 1, 1))
-    key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc, res.centres
-    m.check_R_wc = free_rotations(res, obs)
-    m.camera, m.reprojection_error = list(res.camera), res.rms_px
-    fields = {
-        "refused_gyro_disagreement": refused_al.residual / max(refused_al.rotation_rms, 1e-9),
-        "start": starts,
-        "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),
-        "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
-        "camera": list(res.camera),
-        "inliers": res.inliers,
-        "reprojection_rms_px": res.rms_px,
-        "iterations": res.iterations,
-    }
-    return Repaired(kpos[:n], kpos[:n][k_of_image], key_T, m, fields)
 
 
 def _start(model: colmap.SfmModel, imu: Imu, ts: np.ndarray, camera: list[float],

@@ -192,6 +192,20 @@ def test_a_still_camera_is_the_reason_given_when_its_model_disagrees_with_the_gy
         assert "s into the video (" in str(e.value), e.value  # where: the second of video to look at
 
 
+def test_a_repair_that_does_not_pass_keeps_the_gyro_refusal_and_says_what_it_found(tmp_path):
+    """With a gyro limit of 0 every model is refused, the repaired one too: the session fails
+    with the first refusal (where the model disagrees) and what the repair ran into, in one line,
+    and nothing is written."""
+    d = synth_session(tmp_path, "session_2026-01-01_120004", 180, 6)
+    r = slam_session(d, fast(max_gyro_disagreement=0.0))
+    assert r.failed, r.message
+    first, _sep, repair = r.message.partition("; mapped again on the gyro's rotations, calibrated from the images: ")
+    assert "disagree with the gyro" in first and "s into the video (" in first, r.message
+    assert "disagree with the gyro" in repair or "did not converge" in repair or "fit only" in repair, r.message
+    assert "\n" not in r.message
+    assert json.loads((d / "poses.json").read_text()) == []  # the app's empty file, as synth wrote it
+
+
 def test_viba_names_a_still_camera_in_the_same_words(tmp_path):
     d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")
     r = slam_session(d, fast(solver="viba"))

@@ -30,7 +30,6 @@ import numpy as np
 from packer.slam import colmap
 from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations, free_rotations, gyro_bundle_adjust
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
-from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.rotations import rotation_mean, so3_log
 
 if TYPE_CHECKING:
@@ -43,8 +42,6 @@ MIN_OBSERVATIONS = 30  # a keyframe seeing fewer points (or under a fifth of the
 # would rest on a handful of short tracks (every-effect seed 7: 7 observations, 0.29 m off, the scale refused)
 MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
-ROUNDS = 3  # map and adjust again from the gyro aligned on the rotations the images want, while they pull away
-AGAIN_BELOW = 0.03  # ... by more than this share of the rotation rate (repaired models that were right: 0.7-2.5%)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
 
@@ -80,17 +77,9 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     k1 = model.camera[3] if len(model.camera) > 3 else 0.0
     start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
                            {"the refused model": al, "a 3 s window SfM": model.window_alignment})
-    for _round in range(ROUNDS):
-        n, m, k_of_image, res, obs = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
-        times = ts[k_of_image]
-        m.check_R_wc = free_rotations(res, obs)
-        try:
-            again = align_imu(times, m.check_R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
-        except AlignmentError as e:
-            raise RepairFailed(f"the gyro could not be aligned on the repaired model ({e})") from None
-        if res.converged and again.residual <= AGAIN_BELOW * again.rotation_rms or _round == ROUNDS - 1:
-            break
-        start = again  # the images still pull away from the gyro's rotations: start again from what they want
+    n, m, k_of_image, res, obs = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
+    times = ts[k_of_image]
+    m.check_R_wc = free_rotations(res, obs)
     _check(res, cam0[0], start)
     key_T = np.tile(np.eye(4), (len(times), 1, 1))
     key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc, res.centres
@@ -98,7 +87,6 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     fields = {
         "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
         "start": starts,
-        "rounds": _round + 1,
         "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),  # from the refused model's alignment
         "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
         "camera": list(res.camera),

@@ -72,8 +72,8 @@ class SfmModel:
     rolling_shutter: float | None = None  # s, the readout the tracks were corrected for (`rolling.py`)
     rolling_shutter_curve: dict = field(default_factory=dict)  # candidate ms -> gyro disagreement when measured
     tracks: Tracks | None = None  # the KLT tracks it was built from, rolling shutter taken out (one-part models)
-    window_alignment: Any = None  # the gyro aligned on the rolling-shutter measurement's best window SfM (an
-    # `imu_align.ImuAlignment`; None when none ran)
+    gyro_starts: dict[str, Any] = field(default_factory=dict)  # other gyro alignments (`imu_align.ImuAlignment`)
+    # `gyro_repair` may start from: the rolling-shutter measurement's best window SfM, the KLT model SIFT replaced
     check_R_wc: np.ndarray | None = None  # (M,3,3) a model whose rotations are the gyro's (`gyro_repair`): the
     # rotations its images want, in the registered keyframes' time order; the gyro check is made on these
     # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points

@@ -314,8 +314,9 @@ def _reconstruct_keyframes(
         if alt is not None and (found is None or len(alt[2]) / len(alt[0]) > len(found[2]) / len(found[0])):
             alt[1].frontend_note = (f"KLT tracks registered {_frac(found)} of the keyframes; the SIFT front-end "
                                     f"registered more and was used")
-            if found is not None:  # what `gyro_repair` maps again
-                alt[1].tracks, alt[1].window_alignment = found[1].tracks, found[1].window_alignment
+            if found is not None:  # what `gyro_repair` maps again, and where it may start
+                alt[1].tracks = found[1].tracks
+                alt[1].gyro_starts = {**found[1].gyro_starts, **_klt_alignment(found, session, imu)}
             found = alt
         if found is None:
             raise first_error
@@ -331,6 +332,21 @@ def _reconstruct_keyframes(
             "texture in view",
         )
     return kpos, model, key_pos, key_T
+
+
+def _klt_alignment(found: tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray], session: Session,
+                   imu: Imu | None) -> dict[str, Any]:
+    """{"the KLT model": the gyro aligned on it} when it can be: the SIFT model that replaced
+    it registered more, but on a plain room may be the wrong one (`gyro_repair` compares)."""
+    from packer.slam.imu_align import AlignmentError, align_imu
+
+    _kpos, _model, key_pos, key_T = found
+    if imu is None:
+        return {}
+    try:
+        return {"the KLT model": align_imu(session.timestamps[key_pos], key_T[:, :3, :3], imu.t, imu.gyro)}
+    except AlignmentError:
+        return {}
 
 
 FALLBACK_BELOW = 0.9  # registered fraction of the KLT front-end below which SIFT is tried too
@@ -373,7 +389,7 @@ def _sfm(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu
         raise session.error("rgb/", str(e)) from None
     model.rolling_shutter, model.rolling_shutter_curve = readout, curve
     model.tracks = tracks if not model.chunks else None  # `gyro_repair` maps them again
-    model.window_alignment = window_al
+    model.gyro_starts = {} if window_al is None else {"a 3 s window SfM": window_al}
     key_pos, key_T = model.registered(names, kpos)
     return kpos, model, key_pos, key_T
 

@@ -30,9 +30,14 @@ import numpy as np
 from packer.slam import colmap
 from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations, free_rotations, gyro_bundle_adjust
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
+from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.rotations import rotation_mean, so3_log
+from packer.slam.scale_methods import GyroDisagreement, metric_scale
+from shardship.errors import SessionError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from packer.session import Imu, Session
     from packer.slam.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
@@ -183,3 +188,41 @@ def well_seen(obs: Observations, n_images: int, min_obs: int = MIN_OBSERVATIONS)
     o = Observations(new[o.cam], o.point, o.xy)
     twice = np.bincount(o.point)[o.point] >= 2
     return np.flatnonzero(keep), o.subset(twice)
+
+
+Repair = tuple[np.ndarray, np.ndarray, np.ndarray, colmap.SfmModel, dict[str, Any]]
+
+
+def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, refusal: GyroDisagreement,
+                   stages: Callable[[str], None]) -> Repair:
+    """(keyframes, registered ones, their poses, model, scale fields with "scale") of the gyro repair
+    of a model the gyro check refused (`gyro_repair`); the refusal stands, with what
+    the repair found, when it does not apply, fails, or its model is refused too."""
+    if not applies(opts, model):
+        raise refusal
+    stages("scale (gyro repair)")
+    try:
+        rep = gyro_repair(session, opts, imu, model, refusal.alignment)
+        if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
+            raise RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes")
+        scale, _metric, extra = metric_scale(session, opts, imu, rep.key_pos, session.timestamps[rep.key_pos],
+                                             rep.key_T, rep.model)
+    except (RepairFailed, SessionError) as e:
+        why = e.reason if isinstance(e, SessionError) else str(e)
+        raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "
+                            f"calibrated from the images: {why}") from None
+    extra.update({"scale": scale, "gyro_repair": rep.fields})
+    return rep.kpos, rep.key_pos, rep.key_T, rep.model, extra
+
+
+def klt_alignment(found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray], session: Session,
+                  imu: Imu | None) -> dict[str, Any]:
+    """{"the KLT model": the gyro aligned on it} when it can be: the SIFT model that replaced
+    it registered more, but on a plain room may be the wrong one (`gyro_repair` compares)."""
+    _kpos, _model, key_pos, key_T = found
+    if imu is None:
+        return {}
+    try:
+        return {"the KLT model": align_imu(session.timestamps[key_pos], key_T[:, :3, :3], imu.t, imu.gyro)}
+    except AlignmentError:
+        return {}

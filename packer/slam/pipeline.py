@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
-from packer.slam import rolling, store
+from packer.slam import gyro_repair, rolling, store
 from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
 from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
@@ -169,7 +169,6 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
             return _cached_result(session, opts, cached)
 
     kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages, imu)
-    reg_frac = len(key_pos) / len(kpos)
     key_ts = session.timestamps[key_pos]
     stages("scale")
     centres = key_T[:, :3, 3]
@@ -182,14 +181,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "mapper": opts.mapper,
         "frontend": opts.frontend,
         "keyframe_step": opts.step_for(session.fps),
-        "keyframes": len(kpos),
-        "registered_keyframes": len(key_pos),
-        "registered_fraction": reg_frac,
-        "other_models": model.other_models,
-        "reprojection_error": model.reprojection_error,
-        "points": model.n_points,
+        **_model_fields(kpos, model, key_pos),
         "baseline_over_depth": baseline,
-        "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
         "frontend_used": model.frontend_note or opts.frontend,
         "rolling_shutter": model.rolling_shutter,  # s, the readout the tracks were corrected for (None: unknown)
         "rolling_shutter_curve": model.rolling_shutter_curve or None,  # candidate ms -> gyro disagreement
@@ -212,15 +205,11 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
     except GyroDisagreement as refusal:
         assert imu is not None
-        kpos, key_pos, key_T, model, extra = _repaired_scale(session, opts, imu, model, refusal, stages)
+        kpos, key_pos, key_T, model, extra = gyro_repair.repaired_scale(session, opts, imu, model, refusal, stages)
         scale, metric = extra.pop("scale"), True
         key_ts, centres = session.timestamps[key_pos], key_T[:, :3, 3]
-        reg_frac = len(key_pos) / len(kpos)
-        info.update({"keyframes": len(kpos), "registered_keyframes": len(key_pos), "registered_fraction": reg_frac,
-                     "frontend_used": "klt, mapped again on the gyro's rotations",
-                     "reprojection_error": model.reprojection_error, "points": model.n_points,
-                     "camera": model.camera, "world": "the gyro's (its first sample), origin at the first "
-                     "registered keyframe, scaled to metres"})
+        info.update(_model_fields(kpos, model, key_pos), frontend_used="klt, mapped again on the gyro's rotations",
+                    world="the gyro's (its first sample), origin at the first registered keyframe, scaled to metres")
     refined = extra.pop("keyframe_poses", None)  # --solver viba: the bundle adjustment's metric keyframes
     info.update(extra)
     info.update({"metric": metric, "scale": scale if metric else None, "method": opts.scale,
@@ -241,31 +230,17 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     return result
 
 
-Repair = tuple[np.ndarray, np.ndarray, np.ndarray, SfmModel, dict[str, Any]]
-
-
-def _repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: SfmModel, refusal: GyroDisagreement,
-                    stages: Callable[[str], None]) -> Repair:
-    """(keyframes, registered ones, their poses, model, scale fields with "scale") of the gyro repair
-    of a model the gyro check refused (`gyro_repair`); the refusal stands, with what
-    the repair found, when it does not apply, fails, or its model is refused too."""
-    from packer.slam import gyro_repair
-
-    if not gyro_repair.applies(opts, model):
-        raise refusal
-    stages("scale (gyro repair)")
-    try:
-        rep = gyro_repair.gyro_repair(session, opts, imu, model, refusal.alignment)
-        if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
-            raise gyro_repair.RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes")
-        scale, _metric, extra = metric_scale(session, opts, imu, rep.key_pos, session.timestamps[rep.key_pos],
-                                             rep.key_T, rep.model)
-    except (gyro_repair.RepairFailed, SessionError) as e:
-        why = e.reason if isinstance(e, SessionError) else str(e)
-        raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "
-                            f"calibrated from the images: {why}") from None
-    extra.update({"scale": scale, "gyro_repair": rep.fields})
-    return rep.kpos, rep.key_pos, rep.key_T, rep.model, extra
+def _model_fields(kpos: np.ndarray, model: SfmModel, key_pos: np.ndarray) -> dict[str, Any]:
+    """metadata.json's fields about the model the poses come from."""
+    return {
+        "keyframes": len(kpos),
+        "registered_keyframes": len(key_pos),
+        "registered_fraction": len(key_pos) / len(kpos),
+        "other_models": model.other_models,
+        "reprojection_error": model.reprojection_error,
+        "points": model.n_points,
+        "camera": model.camera,  # the SfM camera's parameters after bundle adjustment (calib.txt is the start)
+    }
 
 
 def _cached_result(session: Session, opts: SlamOptions, info: dict[str, Any]) -> SlamResult:
@@ -316,7 +291,7 @@ def _reconstruct_keyframes(
                                     f"registered more and was used")
             if found is not None:  # what `gyro_repair` maps again, and where it may start
                 alt[1].tracks = found[1].tracks
-                alt[1].gyro_starts = {**found[1].gyro_starts, **_klt_alignment(found, session, imu)}
+                alt[1].gyro_starts = {**found[1].gyro_starts, **gyro_repair.klt_alignment(found, session, imu)}
             found = alt
         if found is None:
             raise first_error
@@ -332,21 +307,6 @@ def _reconstruct_keyframes(
             "texture in view",
         )
     return kpos, model, key_pos, key_T
-
-
-def _klt_alignment(found: tuple[np.ndarray, SfmModel, np.ndarray, np.ndarray], session: Session,
-                   imu: Imu | None) -> dict[str, Any]:
-    """{"the KLT model": the gyro aligned on it} when it can be: the SIFT model that replaced
-    it registered more, but on a plain room may be the wrong one (`gyro_repair` compares)."""
-    from packer.slam.imu_align import AlignmentError, align_imu
-
-    _kpos, _model, key_pos, key_T = found
-    if imu is None:
-        return {}
-    try:
-        return {"the KLT model": align_imu(session.timestamps[key_pos], key_T[:, :3, :3], imu.t, imu.gyro)}
-    except AlignmentError:
-        return {}
 
 
 FALLBACK_BELOW = 0.9  # registered fraction of the KLT front-end below which SIFT is tried too

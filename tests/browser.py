@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,7 @@ class _Pipe:
         # stderr to a file, not a pipe: chromium logs freely and a full pipe would block it
         self._log = open(Path(profile) / "chromium.log", "w+b")
         self.proc = subprocess.Popen([exe, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                     pass_fds=(3, 4, to_r, from_w), preexec_fn=child,
+                                     pass_fds=(3, 4, to_r, from_w), preexec_fn=child, start_new_session=True,
                                      stdout=subprocess.DEVNULL, stderr=self._log)
         os.close(to_r)
         os.close(from_w)
@@ -134,13 +135,17 @@ class _Pipe:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        try:  # its renderer and helpers too: one still writing into the profile failed its removal under load
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def open_page(page: str | os.PathLike, width: int = 1280, screenshot: bool = True,
               timeout: float = 60.0) -> PageResult:
     """Load `page` (a file) in headless chromium; see the module docstring."""
     exe = find_chromium()
-    with tempfile.TemporaryDirectory(prefix="shardship-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="shardship-chromium-", ignore_cleanup_errors=True) as profile:
         try:
             pipe = _Pipe(exe, profile)
         except OSError as e:

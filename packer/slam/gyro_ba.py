@@ -94,6 +94,8 @@ class GyroBaResult:
     rms_px: float  # RMS reprojection error of the inliers at the end
     iterations: int
     converged: bool  # the second pass stopped at a minimum, not at max_iterations
+    centre_std: np.ndarray  # (K,) each centre's marginal std (points, theta and the others free; the best-seen
+    # centre and the scale held), over the centres' RMS distance from it: a keyframe the images barely place
 
 
 def _sum_by(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -174,9 +176,9 @@ def _projection_jacobians(p: np.ndarray, f: float) -> tuple[np.ndarray, np.ndarr
     return Jp, px
 
 
-def _step(prob: _Problem, lin, lam: float, K: int, P: int, prior_r: np.ndarray, fixed: int
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """(dy = [dc (3K), dtheta (8)] with dc_fixed = 0, dX (P,3)) of one damped Gauss-Newton step."""
+def _reduced(prob: _Problem, lin, lam: float, K: int, P: int, prior_r: np.ndarray):
+    """(S, rhs, Hpp^-1, Hyp, gp): the damped normal equations over y = [c (3K), theta (8)] with
+    the points eliminated."""
     Hcc, Hct, Htt, gc, gt, Hpp, gp, Hcx, Htx = lin
     o = prob.obs
     ny = 3 * K + N_THETA
@@ -202,6 +204,14 @@ def _step(prob: _Problem, lin, lam: float, K: int, P: int, prior_r: np.ndarray, 
     S = Hyy + lam * np.diag(np.diag(Hyy)) - np.transpose(T, (1, 0, 2)).reshape(ny, -1) @ np.transpose(
         Hyp, (1, 0, 2)).reshape(ny, -1).T
     rhs = -gy + np.einsum("pyi,pi->y", T, gp)
+    return S, rhs, Hi, Hyp, gp
+
+
+def _step(prob: _Problem, lin, lam: float, K: int, P: int, prior_r: np.ndarray, fixed: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(dy = [dc (3K), dtheta (8)] with dc_fixed = 0, dX (P,3)) of one damped Gauss-Newton step."""
+    S, rhs, Hi, Hyp, gp = _reduced(prob, lin, lam, K, P, prior_r)
+    ny = len(rhs)
     free = np.ones(ny, bool)
     free[3 * fixed:3 * fixed + 3] = False  # the gauge: one centre stays where it is
     S1 = S[np.ix_(free, free)]
@@ -264,10 +274,35 @@ def gyro_bundle_adjust(gyro: Gyro, obs: Observations, centres: np.ndarray, point
     c, X, R_ic, bias, f, k1, _R, r, p, it1, _done = _solve(gyro, obs, c, X, cam, R_ic, bias, opt, fixed)
     keep = (np.linalg.norm(r, axis=1) <= opt.outlier_px) & (p[:, 2] > 0)
     cam = [f, cam[1], cam[2], k1]
-    c, X, R_ic, bias, f, k1, R_wc, r, _p, it2, done = _solve(gyro, obs.subset(keep), c, X, cam, R_ic, bias, opt, fixed)
+    inl = obs.subset(keep)
+    c, X, R_ic, bias, f, k1, R_wc, r, _p, it2, done = _solve(gyro, inl, c, X, cam, R_ic, bias, opt, fixed)
+    std = _centre_std(gyro, inl, c, X, [f, cam[1], cam[2], k1], R_ic, bias, opt, fixed)
     return GyroBaResult(centres=c, R_wc=R_wc, points=X, R_ic=R_ic, gyro_bias=bias, camera=[f, cam[1], cam[2], k1],
                         inliers=float(np.mean(keep)), rms_px=float(np.sqrt(np.mean(np.sum(r**2, axis=1)))),
-                        iterations=it1 + it2, converged=done)
+                        iterations=it1 + it2, converged=done, centre_std=std)
+
+
+def _centre_std(gyro: Gyro, obs: Observations, c: np.ndarray, X: np.ndarray, camera: list[float], R_ic: np.ndarray,
+                bias: np.ndarray, opt: GyroBaOptions, fixed: int) -> np.ndarray:
+    """`GyroBaResult.centre_std`: the reduced system's inverse at the solution, its scale
+    direction (every centre away from the fixed one, the points with them) held by a stiff
+    constraint, as the free scale would otherwise make every far centre look uncertain."""
+    prob = _Problem(gyro, obs, camera, R_ic, bias, opt)
+    K, P = len(c), len(X)
+    R_wc, A = gyro.jacobian(R_ic, bias)
+    r, p = prob.residuals(c, X, R_wc, camera[0], camera[3])
+    lin = prob.normal_equations(c, X, R_wc, A, camera[0], camera[3], r, p)
+    S = _reduced(prob, lin, 0.0, K, P, np.zeros(N_THETA))[0]
+    free = np.ones(len(S), bool)
+    free[3 * fixed:3 * fixed + 3] = False
+    v = np.concatenate([c.reshape(-1), np.zeros(N_THETA)])[free]
+    S1 = S[np.ix_(free, free)]
+    S1 = S1 + np.trace(S1) / len(S1) * np.outer(v, v) / max(float(v @ v), 1e-12)
+    cov = np.linalg.inv(S1 + 1e-12 * np.trace(S1) / len(S1) * np.eye(len(S1)))
+    var = np.zeros(3 * K)
+    var[free[:3 * K]] = np.diag(cov)[:3 * K - 3]
+    rms = np.sqrt(np.mean(np.sum(c**2, axis=1)))
+    return np.sqrt(np.maximum(var.reshape(K, 3).sum(axis=1), 0.0)) / max(rms, 1e-12)
 
 
 def _longest(obs: Observations, points: np.ndarray, max_points: int) -> tuple[Observations, np.ndarray]:

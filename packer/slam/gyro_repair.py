@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 MIN_OBSERVATIONS = 30  # a keyframe seeing fewer points (or under a fifth of the median) is left out: its centre
 # would rest on a handful of short tracks (every-effect seed 7: 7 observations, 0.29 m off, the scale refused)
+MAX_CENTRE_STD = 5.0  # a keyframe whose centre's marginal std is over this times the median is left out: every-
+# effect seed 4's first three keyframes, 25x the median, sat 0.16-0.20 m off and made its scale refused as noisy
 MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
@@ -83,11 +85,12 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
                            {"the refused model": al, **model.gyro_starts})
     n, m, k_of_image, res, obs = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
-    times = ts[k_of_image]
-    m.check_R_wc = free_rotations(res, obs)
     _check(res, cam0[0], start)
-    key_T = np.tile(np.eye(4), (len(times), 1, 1))
-    key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc, res.centres
+    placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
+    m.check_R_wc = free_rotations(res, obs)[placed]
+    k_of_image = k_of_image[placed]
+    key_T = np.tile(np.eye(4), (int(placed.sum()), 1, 1))
+    key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc[placed], res.centres[placed]
     m.camera, m.reprojection_error = list(res.camera), res.rms_px
     fields = {
         "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
@@ -98,6 +101,7 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
         "inliers": res.inliers,
         "reprojection_rms_px": res.rms_px,
         "iterations": res.iterations,
+        "left_out_keyframes": int((~placed).sum()),  # placed too loosely (MAX_CENTRE_STD)
     }
     return Repaired(kpos[:n], kpos[k_of_image], key_T, m, fields)
 

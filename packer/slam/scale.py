@@ -73,6 +73,11 @@ class ScaleRefused(ValueError):
     """The data does not determine the scale; str() is the reason for the user."""
 
 
+class ModelDistorted(ScaleRefused):
+    """Refused mostly for the model term: the reconstruction's rotations disagree with the
+    gyro enough that its shape is distorted (the stage may map it again on the gyro's)."""
+
+
 @dataclass
 class ScaleOptions:
     accel_mode: str = "auto"  # "auto" | "removed" (userAcceleration) | "raw" (with gravity)
@@ -411,7 +416,7 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
             "to another recording"
         )
     if r.rel_std > opt.max_rel_std and r.model_rel_std > r.fit_rel_std:
-        raise ScaleRefused(
+        raise ModelDistorted(
             f"scale uncertain: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}), mostly because the "
             f"reconstruction disagrees with the gyro (+-{r.model_rel_std:.1%} of it): its shape is distorted, which "
             "no scale fixes. Plain surfaces, blur or the glove filling the view leave too few good features: record "

@@ -22,7 +22,7 @@ from packer.slam.marker import (
     scale_from_known_distance,
     scale_from_marker,
 )
-from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, solve_scale, still_reason
+from packer.slam.scale import ModelDistorted, ScaleOptions, ScaleRefused, ScaleResult, solve_scale, still_reason
 from shardship.errors import SessionError
 
 if TYPE_CHECKING:
@@ -88,6 +88,9 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
                          model_rel_std=_model_rel_std(opts, disagree, readout))
+    except ModelDistorted as e:  # a distorted model: `gyro_repair` may map it again on the gyro's rotations
+        plain = session.error("imu.json", "")
+        raise GyroDisagreement(plain.session, plain.path, f"scale refused: {e}", al) from None
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     parts: dict[str, Any] = {}
@@ -163,8 +166,9 @@ def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu
 
 
 class GyroDisagreement(SessionError):
-    """The model's rotations disagree with the gyro; `alignment` is the gyro aligned on
-    that model anyway (most of it is often right: `gyro_repair` starts from it)."""
+    """The model's rotations disagree with the gyro (beyond the gyro check's limit, or enough
+    that its scale is refused as distorted); `alignment` is the gyro aligned on that model
+    anyway (most of it is often right: `gyro_repair` starts from it)."""
 
     def __init__(self, session: str, path: str, reason: str, alignment: ImuAlignment):
         super().__init__(session, path, reason)

@@ -92,21 +92,24 @@ def test_a_hard_camera_is_never_accepted_wrong(tmp_path: Path, profile: str, see
         assert again.returncode == r.returncode and fail[0] == fail[1], (r.stderr, again.stderr)
 
 
-def test_every_effect_at_once_refused_by_the_gyro_is_repaired_and_accepted(tmp_path: Path):
+@pytest.mark.parametrize("profile, seed", [("all", 7), ("low-texture", 2)])
+def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Path, profile: str, seed: int):
     """Every camera effect on fast motion (bench seed 7 of the all profile): GLOMAP puts
     the first second's keyframes off and the gyro check refuses that model (23% of the
-    rotation rate). Mapped again on the gyro's rotations with the gyro calibrated from
-    the images (`gyro_repair`), it is accepted within 2% and 3 reported std, and says so."""
-    motion, fx = PROFILES["all"]
-    seed = 7
-    d = synth_session(tmp_path / "raw", "session_2026-03-01_070000", 600, 1000 + seed, motion=motion, effects=fx,
+    rotation rate). A plain room (seed 2 of low texture): the rotations disagree less
+    (under the check's 10%) but enough that the scale is refused as distorted. Mapped
+    again on the gyro's rotations with the gyro calibrated from the images
+    (`gyro_repair`), each is accepted within 2% and 3 reported std, and says so."""
+    motion, fx = PROFILES[profile]
+    name = f"session_2026-03-01_{seed:02d}0000"
+    d = synth_session(tmp_path / "raw", name, 600, 1000 + seed, motion=motion, effects=fx,
                       imu_offset=0.2 + 0.1 * ((seed * 7919) % 11) / 10)  # exactly bench.slam_hard's render
     r = _slam_cli(tmp_path / "raw")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((d / "metadata.json").read_text())["shardship"]
     rep = info["gyro_repair"]
-    assert rep["refused_gyro_disagreement"] > 0.1 and info["gyro_disagreement"] < 0.05, (rep, info)
-    assert "mapped again on the gyro's rotations" in r.stdout + r.stderr
+    assert info["gyro_disagreement"] < min(0.05, rep["refused_gyro_disagreement"]), (rep, info)
+    assert info["frontend_used"] == "klt, mapped again on the gyro's rotations"
     e = _errors(d)
     assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e

@@ -1,18 +1,20 @@
-"""A second try for a model the gyro check refused: map again on the gyro's rotations,
-then calibrate the gyro from the images (`gyro_ba`).
+"""A second try for a model the gyro refused: map again on the gyro's rotations, then
+calibrate the gyro from the images (`gyro_ba`).
 
 Why: on a plain room with the glove over a quarter of the view, GLOMAP puts a few
 keyframes 5-30 deg off and the model is refused (its rotations disagree with the
-gyro: bench/results/slam_hard.csv, 18 of 20 every-effect sessions). Most of that
-model is right, so the gyro can be aligned on it (offset, camera-IMU rotation, bias:
-0.2-12 deg off on those sessions). Then:
+gyro: bench/results/slam_hard.csv, 18 of 20 every-effect sessions); on a plain room
+alone its rotations drift a few % and the scale is refused as distorted (the std's
+gyro term, `scale.ModelDistorted`). Most of such a model is right, so the gyro can be
+aligned on it, or on a 3 s window SfM, or on the KLT model SIFT replaced (offset,
+camera-IMU rotation, bias; `_start` picks the one that fits the tracks best). Then:
 
 1. the tracks off the gyro's geometry go (`gyro_prior.drop_off_gyro`: the glove's
    corners, slid tracks), and GLOMAP maps again with the gyro's relative rotations as
    its two-view rotations, held through its bundle adjustments (`hold_rotations`);
 2. the gyro-calibrated bundle adjustment (`gyro_ba`) refines centres, points, the
    camera-IMU rotation, the gyro bias, focal length and k1, every rotation following
-   the gyro;
+   the gyro; keyframes it places too loosely are left out;
 3. the rotations each keyframe's own images want, with centres and points held, are
    returned for the gyro check (`SfmModel.check_R_wc`): the repaired model passes
    only if the images do not pull away from the rotations forced on them.

@@ -150,3 +150,18 @@ def test_a_keyframe_the_images_barely_place_has_a_large_centre_std():
     med = float(np.median(res.centre_std))
     assert res.centre_std[0] > 5 * med, (res.centre_std[0], med)
     assert np.max(res.centre_std[1:]) < 3 * med, res.centre_std
+
+
+def test_free_rotations_of_a_model_with_more_points_than_the_adjustment_keeps():
+    """Over `max_points` the adjustment keeps the longest tracks and renumbers them; the free
+    rotations come from those (the model's own numbering once indexed past them: IndexError)."""
+    from packer.slam.gyro_ba import GyroBaOptions
+
+    w = _world(5)
+    res = gyro_bundle_adjust(Gyro(w["t"], w["gyro"], w["times"]), w["obs"], w["centres"], w["X"], [F, CX, CY, K1],
+                             R_IC, BIAS, GyroBaOptions(max_points=100))
+    assert len(res.points) == 100 and res.obs.point.max() == 99
+    counts = np.bincount(w["obs"].point)
+    assert np.bincount(res.obs.point).min() >= np.sort(counts)[-100]  # the longest tracks
+    R_free = free_rotations(res)
+    assert max(_angle_deg(a, b) for a, b in zip(R_free, res.R_wc)) < 0.1

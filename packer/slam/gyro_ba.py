@@ -30,6 +30,7 @@ import numpy as np
 from packer.slam.gyro_prior import undistorted_bearings
 from packer.slam.imu_align import ImuTrack
 from packer.slam.rotations import so3_exp, so3_log
+from packer.slam.viba_inputs import select_tracks
 
 N_THETA = 8  # dR_ic (3), db (3), focal, k1
 
@@ -94,6 +95,7 @@ class GyroBaResult:
     rms_px: float  # RMS reprojection error of the inliers at the end
     iterations: int
     converged: bool  # the second pass stopped at a minimum, not at max_iterations
+    obs: Observations  # what was adjusted: the observations of `points` (at most max_points), numbered as they are
     centre_std: np.ndarray  # (K,) each centre's marginal std (points, theta and the others free; the best-seen
     # centre and the scale held), over the centres' RMS distance from it: a keyframe the images barely place
 
@@ -279,7 +281,7 @@ def gyro_bundle_adjust(gyro: Gyro, obs: Observations, centres: np.ndarray, point
     std = _centre_std(gyro, inl, c, X, [f, cam[1], cam[2], k1], R_ic, bias, opt, fixed)
     return GyroBaResult(centres=c, R_wc=R_wc, points=X, R_ic=R_ic, gyro_bias=bias, camera=[f, cam[1], cam[2], k1],
                         inliers=float(np.mean(keep)), rms_px=float(np.sqrt(np.mean(np.sum(r**2, axis=1)))),
-                        iterations=it1 + it2, converged=done, centre_std=std)
+                        iterations=it1 + it2, converged=done, obs=obs, centre_std=std)
 
 
 def _centre_std(gyro: Gyro, obs: Observations, c: np.ndarray, X: np.ndarray, camera: list[float], R_ic: np.ndarray,
@@ -306,21 +308,23 @@ def _centre_std(gyro: Gyro, obs: Observations, c: np.ndarray, X: np.ndarray, cam
 
 
 def _longest(obs: Observations, points: np.ndarray, max_points: int) -> tuple[Observations, np.ndarray]:
-    """The `max_points` points seen most often and their observations, renumbered."""
-    counts = np.bincount(obs.point, minlength=len(points))
+    """The `max_points` points seen most often (`viba_inputs.select_tracks`) and their
+    observations, the points renumbered."""
     if len(points) <= max_points:
         return obs, points
-    keep = np.argsort(-counts, kind="stable")[:max_points]
+    use = select_tracks(obs.cam, obs.point, np.ones(int(obs.cam.max()) + 1, bool), 1, max_points)
+    kept = np.unique(obs.point[use])
     new = np.full(len(points), -1)
-    new[keep] = np.arange(len(keep))
-    m = new[obs.point] >= 0
-    return Observations(obs.cam[m], new[obs.point[m]], obs.xy[m]), points[keep]
+    new[kept] = np.arange(len(kept))
+    return Observations(obs.cam[use], new[obs.point[use]], obs.xy[use]), points[kept]
 
 
-def free_rotations(res: GyroBaResult, obs: Observations, iterations: int = 5) -> np.ndarray:
+def free_rotations(res: GyroBaResult, obs: Observations | None = None, iterations: int = 5) -> np.ndarray:
     """(K,3,3) each keyframe's rotation as its own images want it, with its centre and
     the points held where the adjustment put them: the check that the gyro's rotations
-    were not forced on a wrong model (they are then pulled away, the gyro check sees it)."""
+    were not forced on a wrong model (they are then pulled away, the gyro check sees it).
+    `obs`: observations of `res.points` (default: those the adjustment used)."""
+    obs = res.obs if obs is None else obs
     K, f = len(res.centres), res.camera[0]
     R = res.R_wc.copy()
     xn = undistorted_bearings(obs.xy, res.camera)[:, :2]

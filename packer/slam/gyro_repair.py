@@ -86,10 +86,10 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     k1 = model.camera[3] if len(model.camera) > 3 else 0.0
     start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
                            {"the refused model": al, **model.gyro_starts})
-    n, m, k_of_image, res, obs = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
+    n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
     _check(res, cam0[0], start)
     placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
-    m.check_R_wc = free_rotations(res, obs)[placed]
+    m.check_R_wc = free_rotations(res)[placed]
     k_of_image = k_of_image[placed]
     key_T = np.tile(np.eye(4), (int(placed.sum()), 1, 1))
     key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc[placed], res.centres[placed]
@@ -109,9 +109,9 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
 
 
 def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Tracks, ts: np.ndarray, al: ImuAlignment,
-                    cam0: list[float]) -> tuple[int, colmap.SfmModel, np.ndarray, GyroBaResult, Observations]:
+                    cam0: list[float]) -> tuple[int, colmap.SfmModel, np.ndarray, GyroBaResult]:
     """(keyframes the IMU covers, the model mapped on the gyro's rotations, its images' keyframe
-    indices in time order (the well-seen ones), the adjustment, its observations) for one calibration."""
+    indices in time order (the well-seen ones), the adjustment) for one calibration."""
     n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))  # keyframes the IMU covers (its last ~0.25 s may be missing)
     if n < 3:
         raise RepairFailed("the IMU covers too few keyframes")
@@ -138,7 +138,7 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
     gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
     res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G, list(m.camera), al.R_ic,
                              al.gyro_bias, GyroBaOptions())
-    return n, m, k_sorted, res, obs
+    return n, m, k_sorted, res
 
 
 def _check(res: GyroBaResult, f_calib: float, al: ImuAlignment) -> None:

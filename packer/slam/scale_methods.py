@@ -89,8 +89,7 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
                          model_rel_std=_model_rel_std(opts, disagree, readout))
     except ModelDistorted as e:  # a distorted model: `gyro_repair` may map it again on the gyro's rotations
-        plain = session.error("imu.json", "")
-        raise GyroDisagreement(plain.session, plain.path, f"scale refused: {e}", al) from None
+        raise GyroDisagreement.of(session, "imu.json", f"scale refused: {e}", al) from None
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     parts: dict[str, Any] = {}
@@ -174,6 +173,12 @@ class GyroDisagreement(SessionError):
         super().__init__(session, path, reason)
         self.alignment = alignment
 
+    @classmethod
+    def of(cls, session: Session, file: str, reason: str, alignment: ImuAlignment) -> GyroDisagreement:
+        """`session.error(file, reason)`, carrying the alignment."""
+        plain = session.error(file, reason)
+        return cls(plain.session, plain.path, plain.reason, alignment)
+
 
 def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
                         opt: ScaleOptions, limit: str, verdict: str) -> NoReturn:
@@ -184,9 +189,8 @@ def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray,
     refuse_if_still(session, key_ts, key_T, imu, al, opt)
     disagree = al.residual / max(al.rotation_rms, 1e-9)
     t0, t1, share = worst_stretch(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, al)
-    plain = session.error("rgb/", "")
-    raise GyroDisagreement(
-        plain.session, plain.path,
+    raise GyroDisagreement.of(
+        session, "rgb/",
         f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
         f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; {limit}): {verdict}, most "
         f"{t0:.1f}-{t1:.1f} s into the video ({share:.0%} of the disagreement): too few or sliding features there "

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.slam.gyro_prior import undistorted_bearings
-from packer.slam.imu_align import ImuTrack
+from packer.slam.imu_align import gyro_orientation
 from packer.slam.rotations import so3_exp, so3_log
 from packer.slam.viba_inputs import select_tracks
 
@@ -57,8 +57,7 @@ class Gyro:
 
     def rotations(self, R_ic: np.ndarray, bias: np.ndarray) -> np.ndarray:
         """(K,3,3) camera-to-world rotations R_g(t_k; b) R_ic."""
-        track = ImuTrack(self.t, np.zeros_like(self.gyro), self.gyro - bias)
-        return track.orientation(self.times) @ R_ic
+        return gyro_orientation(self.t, self.gyro - bias, self.times) @ R_ic
 
     def jacobian(self, R_ic: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
         """(rotations (K,3,3), A (K,3,6)): each keyframe's body-frame turn per unit of (dR_ic, db)."""

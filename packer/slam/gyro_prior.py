@@ -27,10 +27,9 @@ if TYPE_CHECKING:
 def gyro_rotations(imu: Imu, al: ImuAlignment, times: np.ndarray) -> np.ndarray:
     """(K,3,3) camera-to-world rotations at frame `times` from the gyro alone (its
     own world: one rotation away from the SfM's, which relative poses do not see)."""
-    from packer.slam.imu_align import ImuTrack
+    from packer.slam.imu_align import gyro_orientation
 
-    track = ImuTrack(imu.t - al.offset, imu.accel, imu.gyro - al.gyro_bias)
-    return track.orientation(np.asarray(times, np.float64)) @ al.R_ic
+    return gyro_orientation(imu.t - al.offset, imu.gyro - al.gyro_bias, times) @ al.R_ic
 
 
 def translation_direction(xa: np.ndarray, xb: np.ndarray, R: np.ndarray) -> np.ndarray:

@@ -74,9 +74,7 @@ class ImuTrack:
     def __init__(self, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray):
         self.t = np.asarray(t, dtype=np.float64)
         h = np.diff(self.t)
-        Q = np.empty((len(self.t), 3, 3))
-        Q[0] = np.eye(3)
-        Q[1:] = cumulative_rotations(so3_exp(0.5 * (gyr[1:] + gyr[:-1]) * h[:, None]))
+        Q = _integrated(self.t, gyr)
         self.Q = Q
         self.noise2 = float(np.mean(np.sum(np.diff(acc, 2, axis=0) ** 2, axis=1))) / 6.0 if len(acc) > 2 else 0.0
         f = np.concatenate([np.einsum("nij,nj->ni", Q, acc), Q.reshape(-1, 9)], axis=1)
@@ -100,8 +98,29 @@ class ImuTrack:
         return i1, i2
 
     def orientation(self, ts: np.ndarray) -> np.ndarray:
-        k, u, _m = self._seg(np.asarray(ts, dtype=np.float64))
-        return slerp(self.Q[k], self.Q[k + 1], u[:, 0] / (self.t[k + 1] - self.t[k]))
+        return _orientation_at(self.t, self.Q, ts)
+
+
+def _integrated(t: np.ndarray, gyr: np.ndarray) -> np.ndarray:
+    """(N,3,3) the gyro's orientation at each sample relative to the first (midpoint rule)."""
+    Q = np.empty((len(t), 3, 3))
+    Q[0] = np.eye(3)
+    Q[1:] = cumulative_rotations(so3_exp(0.5 * (gyr[1:] + gyr[:-1]) * np.diff(t)[:, None]))
+    return Q
+
+
+def _orientation_at(t: np.ndarray, Q: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    ts = np.asarray(ts, dtype=np.float64)
+    k = np.clip(np.searchsorted(t, ts, side="right") - 1, 0, len(t) - 2)
+    return slerp(Q[k], Q[k + 1], (ts - t[k]) / (t[k + 1] - t[k]))
+
+
+def gyro_orientation(t: np.ndarray, gyr: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """(M,3,3) the gyro's orientation at times `ts` (its clock), relative to its first sample:
+    `ImuTrack.orientation` without the accelerometer's integrals, which the gyro's users
+    (`gyro_prior`, `gyro_ba`: many calls per adjustment) do not need."""
+    t = np.asarray(t, dtype=np.float64)
+    return _orientation_at(t, _integrated(t, np.asarray(gyr, dtype=np.float64)), ts)
 
 
 def visual_increments(

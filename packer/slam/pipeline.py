@@ -409,6 +409,8 @@ def _summary(info: dict[str, Any]) -> str:
         parts.append(f"other models {info['other_models']}")
     if info.get("frontend_used") not in (None, "klt", "sift"):
         parts.append(str(info["frontend_used"]))
+    if info.get("solver") == "viba":
+        parts.append("scaled by the visual-inertial bundle adjustment")
     return ", ".join(parts)
 
 

@@ -25,15 +25,26 @@ if TYPE_CHECKING:
 
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
-               model: SfmModel, names: list[str]) -> tuple[float, bool, dict[str, Any]]:
-    """(scale, metric, metadata fields with "keyframe_poses") or the session's error."""
+               model: SfmModel, names: list[str], shape_rel_std: float = 0.0) -> tuple[float, bool, dict[str, Any]]:
+    """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
+    A model whose rotations are the gyro's (`gyro_repair`: `model.check_R_wc` holds the
+    rotations its images want) is checked on those, against the window solver's limit:
+    the bundle adjustment cannot straighten what the gyro already set. `shape_rel_std`:
+    added to the std in quadrature, for what the marginal covariance does not see."""
     try:
         al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+        checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
+                                                                max_offset=opts.max_imu_offset)
     except AlignmentError as e:
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
-    disagree = al.residual / max(al.rotation_rms, 1e-9)
+    disagree = checked.residual / max(checked.rotation_rms, 1e-9)
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
+    if model.check_R_wc is not None and disagree > opts.max_gyro_disagreement:
+        check_T = key_T.copy()
+        check_T[:, :3, :3] = model.check_R_wc
+        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options,
+                            f"need <= {opts.max_gyro_disagreement:.0%}", "part of the model is wrong")
     if disagree > vopt.max_gyro_disagreement:
         refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
                             f"the bundle adjustment repairs up to {vopt.max_gyro_disagreement:.0%}",
@@ -56,7 +67,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     except (VibaError, RuntimeError) as e:  # RuntimeError: GTSAM's (an indeterminate system)
         raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}"
                             ) from None
-    model_std = vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor)
+    model_std = float(np.hypot(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std))
     rel_std = float(np.hypot(r.rel_std, model_std))
     _check(session, opts, vopt, r, rel_std)
     return r.scale, True, {
@@ -69,7 +80,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "accel_bias": r.accel_bias.tolist(),
         "gyro_residual": al.residual,
         "rotation_rms": al.rotation_rms,
-        "gyro_disagreement": disagree,  # of the SfM model, before the VI-BA
+        "gyro_disagreement": disagree,  # of the SfM model before the VI-BA (a repaired one: of its free rotations)
         "scale_rel_std": rel_std,
         "scale_fit_rel_std": r.rel_std,  # from the marginal covariance
         "scale_model_rel_std": model_std,

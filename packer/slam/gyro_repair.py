@@ -1,13 +1,15 @@
-"""A second try for a model the gyro refused: map again on the gyro's rotations, then
+"""A second try for a model refused for itself: map again on the gyro's rotations, then
 calibrate the gyro from the images (`gyro_ba`).
 
 Why: on a plain room with the glove over a quarter of the view, GLOMAP puts a few
 keyframes 5-30 deg off and the model is refused (its rotations disagree with the
 gyro: bench/results/slam_hard.csv, 18 of 20 every-effect sessions); on a plain room
 alone its rotations drift a few % and the scale is refused as distorted (the std's
-gyro term, `scale.ModelDistorted`). Most of such a model is right, so the gyro can be
-aligned on it, or on a 3 s window SfM, or on the KLT model SIFT replaced (offset,
-camera-IMU rotation, bias; `_start` picks the one that fits the tracks best). Then:
+gyro term, `scale.ModelDistorted`), or its positions as too noisy or stretched
+(`scale.ShapeRefused`) although the IMU saw enough motion. Most of such a model is
+right, so the gyro can be aligned on it, or on a 3 s window SfM, or on the KLT model
+SIFT replaced (offset, camera-IMU rotation, bias; `_start` picks the one that fits
+the tracks best). Then:
 
 1. the tracks off the gyro's geometry go (`gyro_prior.drop_off_gyro`: the glove's
    corners, slid tracks), and GLOMAP maps again with the gyro's relative rotations as
@@ -42,7 +44,7 @@ from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations,
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.rotations import rotation_mean, so3_log
-from packer.slam.scale_methods import GyroDisagreement
+from packer.slam.scale_methods import ModelRefused
 from packer.slam.viba_scale import viba_scale
 from shardship.errors import SessionError
 
@@ -225,7 +227,7 @@ def well_seen(obs: Observations, n_images: int, min_obs: int = MIN_OBSERVATIONS)
 Repair = tuple[np.ndarray, np.ndarray, np.ndarray, colmap.SfmModel, dict[str, Any]]
 
 
-def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, refusal: GyroDisagreement,
+def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, refusal: ModelRefused,
                    stages: Callable[[str], None]) -> Repair:
     """(keyframes, registered ones, their poses, model, scale fields with "scale" and "keyframe_poses",
     the metric ones) of the gyro repair

@@ -25,7 +25,7 @@ from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
-from packer.slam.scale_methods import GyroDisagreement, metric_scale
+from packer.slam.scale_methods import ModelRefused, metric_scale
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
@@ -203,7 +203,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         spans = [(float(session.timestamps[kpos[a]]), float(session.timestamps[kpos[b - 1]])) for a, b in ranges]
     try:
         scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
-    except GyroDisagreement as refusal:
+    except ModelRefused as refusal:
         assert imu is not None
         kpos, key_pos, key_T, model, extra = gyro_repair.repaired_scale(session, opts, imu, model, refusal, stages)
         scale, metric = extra.pop("scale"), True

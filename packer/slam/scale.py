@@ -73,7 +73,13 @@ class ScaleRefused(ValueError):
     """The data does not determine the scale; str() is the reason for the user."""
 
 
-class ModelDistorted(ScaleRefused):
+class ShapeRefused(ScaleRefused):
+    """Refused for the reconstruction's shape (distorted, too noisy, or no similarity of
+    the IMU's path) while the IMU saw enough motion: another model of the same images may
+    pass (the stage maps it again on the gyro's rotations, `gyro_repair`)."""
+
+
+class ModelDistorted(ShapeRefused):
     """Refused mostly for the model term: the reconstruction's rotations disagree with the
     gyro enough that its shape is distorted (the stage may map it again on the gyro's)."""
 
@@ -424,14 +430,14 @@ def _check(r: ScaleResult, opt: ScaleOptions) -> None:
         )
     if (r.rel_std > opt.max_rel_std and r.shape_spread > max(r.window_spread, 1.0)
             and r.fit_rel_std / np.sqrt(r.shape_spread) <= opt.max_rel_std):
-        raise ScaleRefused(
+        raise ShapeRefused(
             f"scale uncertain: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}), mostly because the "
             f"reconstruction's path is no similarity of the IMU's (a scale per direction fits the accelerometer "
             f"{r.shape_spread:.1f}x better than its noise explains): stretched along the view or its scale changes "
             "within the session. Record with more of the scene near the camera (within ~1 m) and more hand travel"
         )
     if r.rel_std > opt.max_rel_std and r.excitation >= 5 * opt.min_excitation:
-        raise ScaleRefused(
+        raise ShapeRefused(
             f"scale poorly constrained: {r.scale:.4g} +- {r.rel_std:.1%} (need <= {opt.max_rel_std:.0%}) although the "
             f"IMU sees enough motion ({r.excitation:.2f} m/s^2 RMS): the reconstruction's positions are too noisy "
             "(few or weak features: record with more texture in view, or a longer session)"

@@ -22,7 +22,7 @@ from packer.slam.marker import (
     scale_from_known_distance,
     scale_from_marker,
 )
-from packer.slam.scale import ModelDistorted, ScaleOptions, ScaleRefused, ScaleResult, solve_scale, still_reason
+from packer.slam.scale import ScaleOptions, ScaleRefused, ScaleResult, ShapeRefused, solve_scale, still_reason
 from shardship.errors import SessionError
 
 if TYPE_CHECKING:
@@ -88,8 +88,8 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,
                          gyro_bias=al.gyro_bias, options=opts.scale_options,
                          model_rel_std=_model_rel_std(opts, disagree, readout))
-    except ModelDistorted as e:  # a distorted model: `gyro_repair` may map it again on the gyro's rotations
-        raise GyroDisagreement.of(session, "imu.json", f"scale refused: {e}", al) from None
+    except ShapeRefused as e:  # the model's shape: `gyro_repair` may map it again on the gyro's rotations
+        raise ModelRefused.of(session, "imu.json", f"scale refused: {e}", al) from None
     except ScaleRefused as e:
         raise session.error("imu.json", f"scale refused: {e}") from None
     parts: dict[str, Any] = {}
@@ -164,17 +164,18 @@ def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu
         raise session.error("imu.json", still_reason(excitation, opt.min_excitation))
 
 
-class GyroDisagreement(SessionError):
-    """The model's rotations disagree with the gyro (beyond the gyro check's limit, or enough
-    that its scale is refused as distorted); `alignment` is the gyro aligned on that model
-    anyway (most of it is often right: `gyro_repair` starts from it)."""
+class ModelRefused(SessionError):
+    """The model is refused for itself, not for what was recorded: its rotations disagree
+    with the gyro, or its scale is refused for its shape (`scale.ShapeRefused`: distorted,
+    too noisy, stretched); `alignment` is the gyro aligned on that model anyway (most of it
+    is often right: `gyro_repair` starts from it and maps again)."""
 
     def __init__(self, session: str, path: str, reason: str, alignment: ImuAlignment):
         super().__init__(session, path, reason)
         self.alignment = alignment
 
     @classmethod
-    def of(cls, session: Session, file: str, reason: str, alignment: ImuAlignment) -> GyroDisagreement:
+    def of(cls, session: Session, file: str, reason: str, alignment: ImuAlignment) -> ModelRefused:
         """`session.error(file, reason)`, carrying the alignment."""
         plain = session.error(file, reason)
         return cls(plain.session, plain.path, plain.reason, alignment)
@@ -189,7 +190,7 @@ def refuse_disagreement(session: Session, key_ts: np.ndarray, key_T: np.ndarray,
     refuse_if_still(session, key_ts, key_T, imu, al, opt)
     disagree = al.residual / max(al.rotation_rms, 1e-9)
     t0, t1, share = worst_stretch(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, al)
-    raise GyroDisagreement.of(
+    raise ModelRefused.of(
         session, "rgb/",
         f"poses refused: the reconstruction's rotations disagree with the gyro by {al.residual:.3f} rad/s RMS "
         f"({disagree:.0%} of the {al.rotation_rms:.2f} rad/s the camera turns; {limit}): {verdict}, most "

@@ -110,3 +110,38 @@ def test_sfm_rel_std_is_set_from_the_config_and_checked():
     for bad in ("0.2%", -0.001, 0.5):
         with pytest.raises(ShardshipError, match="sfm_rel_std must be a number in 0..0.02"):
             SlamOptions.from_config({"sfm_rel_std": bad}, {}).validate()
+
+
+def _refusal(s: dict) -> Exception | None:
+    """The exception the default checks raise on the fit of `s` (the true alignment), or None."""
+    from dataclasses import replace
+
+    import packer.slam.scale as scale
+
+    m = s["model"]
+    off = replace(scale.ScaleOptions(), max_rel_std=1e9, min_explained=-1e9, min_excitation=0.0)
+    r = scale.solve_scale(s["kt"], s["p"], s["R"], s["imu_t"], s["acc"], s["gyr"], offset=m.offset,
+                          R_ic=m.R_imu_cam, gyro_bias=m.gyro_bias, options=off)
+    try:
+        scale._check(r, scale.ScaleOptions())
+    except scale.ScaleRefused as e:
+        return e
+    return None
+
+
+def test_the_refusals_for_the_models_shape_are_the_ones_the_stage_maps_again():
+    """`scale.ShapeRefused` is what the stage answers by mapping the model again on the
+    gyro's rotations (`gyro_repair`): a path stretched 40% and positions too noisy for
+    motion the IMU saw well are the model's fault; a camera that barely translates is
+    the recording's, and mapping again cannot help it."""
+    from packer.slam.scale import ShapeRefused
+
+    stretched = _refusal(session(Config("hand 10 s, stretched 40%", amp=1.0, duration=10.0, frames=(6, 6),
+                                        stretch=0.4, jitter=0.0005), 0, draw=0))
+    noisy = _refusal(session(Config("hand 6 s, 4 cm jitter", amp=1.0, jitter=0.04), 0, draw=0))
+    still = _refusal(session(Config("rotation-only 6 s", motion="rotation-only", frames=(6, 12)), 0, draw=0))
+    good = _refusal(session(Config("hand 10 s", amp=1.0, duration=10.0, frames=(6, 6)), 0, draw=0))
+    assert isinstance(stretched, ShapeRefused) and "no similarity" in str(stretched), stretched
+    assert isinstance(noisy, ShapeRefused) and "too noisy" in str(noisy), noisy
+    assert still is not None and not isinstance(still, ShapeRefused) and "barely translates" in str(still), still
+    assert good is None, good

@@ -99,7 +99,8 @@ def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Pa
     rotation rate). A plain room (seed 2 of low texture): the rotations disagree less
     (under the check's 10%) but enough that the scale is refused as distorted. Mapped
     again on the gyro's rotations with the gyro calibrated from the images
-    (`gyro_repair`), each is accepted within 2% and 3 reported std, and says so."""
+    (`gyro_repair`) and scaled by the visual-inertial bundle adjustment, each is accepted
+    within 2% and 3 reported std, and says so."""
     motion, fx = PROFILES[profile]
     name = f"session_2026-03-01_{seed:02d}0000"
     d = synth_session(tmp_path / "raw", name, 600, 1000 + seed, motion=motion, effects=fx,
@@ -110,6 +111,8 @@ def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Pa
     rep = info["gyro_repair"]
     assert info["gyro_disagreement"] < min(0.05, rep["refused_gyro_disagreement"]), (rep, info)
     assert info["frontend_used"] == "klt, mapped again on the gyro's rotations"
+    assert "scaled by the visual-inertial bundle adjustment" in r.stdout, r.stdout
+    assert info["solver"] == "viba" and info["viba_imu_chi2"] < 2 and info["scale_model_rel_std"] >= 0.006, info
     e = _errors(d)
     assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e

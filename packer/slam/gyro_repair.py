@@ -29,7 +29,9 @@ bench sessions (seeds 3-22) the windowed solve on the repaired keyframes was off
 up to -37.5% (10 refused, 13 accepted within 1.8%), the bundle adjustment by 1.83%
 at most (median 0.35%). Its marginal std is too small here (0.12-0.65%, errors up
 to 12 of it): what the visual part leaves in the path's shape is not in it, and
-REPAIRED_REL_STD is added for it. What the bundle adjustment refuses stays refused.
+REPAIRED_REL_STD is added for it; where the IMU factors fit worse than on the right
+models (REPAIRED_IMU_CHI2), the marginal std grows with them. What the bundle
+adjustment refuses stays refused.
 Not for models mapped in parts or without KLT tracks (`--frontend sift`)."""
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from cali
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
 REPAIRED_REL_STD = 0.006  # in the std (quadrature) of a repaired model's scale, for the shape the images leave in
 # it: the errors of the 23 repaired bench sessions had an RMS of 0.6%, the bundle adjustment's own std 0.2%
+REPAIRED_IMU_CHI2 = 0.1  # the IMU factors' chi^2/dof the visual-inertial bundle adjustment reaches on a repaired
+# model that is right (bench seeds 3-22: median 0.1, 0.03-0.6); above it the images force the path off the IMU and
+# the std grows with the root of the ratio (every-effect seed 23: chi^2 1.2, -2.9% at +-0.56% before)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
 
@@ -229,10 +234,10 @@ Repair = tuple[np.ndarray, np.ndarray, np.ndarray, colmap.SfmModel, dict[str, An
 
 def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, refusal: ModelRefused,
                    stages: Callable[[str], None]) -> Repair:
-    """(keyframes, registered ones, their poses, model, scale fields with "scale" and "keyframe_poses",
-    the metric ones) of the gyro repair
-    of a model the gyro check refused (`gyro_repair`); the refusal stands, with what
-    the repair found, when it does not apply, fails, or its model is refused too."""
+    """(keyframes, registered ones, their poses, model, scale fields with "scale" and
+    "keyframe_poses", the metric ones) of the gyro repair of a refused model
+    (`gyro_repair`); the refusal stands, with what the repair found, when it does not
+    apply, fails, or its model is refused too."""
     if not applies(opts, model):
         raise refusal
     stages("scale (gyro repair)")
@@ -241,7 +246,8 @@ def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.
         if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
             raise RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes")
         scale, _metric, extra = viba_scale(session, opts, imu, session.timestamps[rep.key_pos], rep.key_T,
-                                           rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD)
+                                           rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD,
+                                           imu_chi2_ref=REPAIRED_IMU_CHI2)
     except (RepairFailed, SessionError) as e:
         why = e.reason if isinstance(e, SessionError) else str(e)
         raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "

@@ -25,12 +25,15 @@ if TYPE_CHECKING:
 
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
-               model: SfmModel, names: list[str], shape_rel_std: float = 0.0) -> tuple[float, bool, dict[str, Any]]:
+               model: SfmModel, names: list[str], shape_rel_std: float = 0.0,
+               imu_chi2_ref: float | None = None) -> tuple[float, bool, dict[str, Any]]:
     """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
     A model whose rotations are the gyro's (`gyro_repair`: `model.check_R_wc` holds the
     rotations its images want) is checked on those, against the window solver's limit:
     the bundle adjustment cannot straighten what the gyro already set. `shape_rel_std`:
-    added to the std in quadrature, for what the marginal covariance does not see."""
+    added to the std in quadrature, for what the marginal covariance does not see;
+    `imu_chi2_ref`: the IMU factors' chi^2/dof of a right model of this kind, the marginal
+    std then grows with the root of how far above it this one's is (a Birge ratio)."""
     try:
         al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
         checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
@@ -68,7 +71,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}"
                             ) from None
     model_std = float(np.hypot(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std))
-    rel_std = float(np.hypot(r.rel_std, model_std))
+    fit_std = r.rel_std * (1.0 if imu_chi2_ref is None else float(np.sqrt(max(1.0, r.imu_chi2 / imu_chi2_ref))))
+    rel_std = float(np.hypot(fit_std, model_std))
     _check(session, opts, vopt, r, rel_std)
     return r.scale, True, {
         "keyframe_poses": r.T_wc,
@@ -82,7 +86,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "rotation_rms": al.rotation_rms,
         "gyro_disagreement": disagree,  # of the SfM model before the VI-BA (a repaired one: of its free rotations)
         "scale_rel_std": rel_std,
-        "scale_fit_rel_std": r.rel_std,  # from the marginal covariance
+        "scale_fit_rel_std": fit_std,  # from the marginal covariance (and imu_chi2_ref)
         "scale_model_rel_std": model_std,
         # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
         **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),

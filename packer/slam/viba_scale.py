@@ -73,7 +73,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     model_std = float(np.hypot(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std))
     fit_std = r.rel_std * (1.0 if imu_chi2_ref is None else float(np.sqrt(max(1.0, r.imu_chi2 / imu_chi2_ref))))
     rel_std = float(np.hypot(fit_std, model_std))
-    _check(session, opts, vopt, r, rel_std)
+    _check(session, opts, vopt, r, rel_std, sr.excitation)
     return r.scale, True, {
         "keyframe_poses": r.T_wc,
         "solver": "viba",
@@ -105,8 +105,10 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     }
 
 
-def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float) -> None:
-    """Refuse a solved graph that is inconsistent, or a scale it leaves uncertain."""
+def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float,
+           excitation: float) -> None:
+    """Refuse a solved graph that is inconsistent, or a scale it leaves uncertain (saying
+    "more translation" only where the IMU saw little motion)."""
     if r.imu_chi2 > vopt.max_imu_chi2 or r.inlier_fraction < vopt.min_inliers:
         raise session.error(
             "rgb/",
@@ -118,8 +120,11 @@ def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult
         )
     max_std = opts.scale_options.max_rel_std
     if not rel_std <= max_std:
-        raise session.error(
-            "imu.json",
-            f"scale poorly constrained: {r.scale:.4g} +- {rel_std:.1%} (need <= {max_std:.0%}) after the "
-            "visual-inertial bundle adjustment; record with more translation or use --scale marker / known-distance",
-        )
+        head = (f"scale poorly constrained: {r.scale:.4g} +- {rel_std:.1%} (need <= {max_std:.0%}) after the "
+                "visual-inertial bundle adjustment")
+        if excitation >= 5 * opts.scale_options.min_excitation:
+            raise session.error("imu.json", f"{head}, although the IMU sees enough motion ({excitation:.2f} m/s^2 "
+                                "RMS): the images place the path too loosely (few or weak features: record with "
+                                "more texture and light in view)")
+        raise session.error("imu.json", f"{head}; record with more translation or use --scale marker / "
+                            "known-distance")

@@ -102,3 +102,28 @@ def test_viba_refuses_a_wrong_model_in_one_line(tmp_path: Path):
     r = _slam_viba(tmp_path / "raw")
     assert_never_wrong(d, r, REASONS + ("still disagree",))
     assert "Cheirality" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("excitation, words", [(1.2, "place the path too loosely"), (0.05, "more translation")])
+def test_a_scale_left_uncertain_says_more_translation_only_when_the_imu_saw_little_motion(excitation: float,
+                                                                                          words: str):
+    """After the bundle adjustment a scale over the std limit is refused; "record with
+    more translation" is the fix only where the IMU saw little motion (a 9 m hand path
+    with few features needs texture, not more travel)."""
+    from packer.session import Session
+    from packer.slam.options import SlamOptions
+    from packer.slam.viba import VibaOptions, VibaResult
+    from packer.slam.viba_scale import _check
+    from shardship.errors import SessionError
+
+    s = Session(Path("/data/raw/session_2026-03-01_100000"), "session_2026-03-01_100000", np.arange(3), [],
+                np.arange(3) / 60.0, "index/fps", 60.0, None)
+    r = VibaResult(T_wc=np.tile(np.eye(4), (3, 1, 1)), scale=0.05, rel_std=0.03, imu_chi2=0.1, visual_chi2=0.5,
+                   reprojection_rms=0.6, inlier_fraction=0.99, n_points=500, n_observations=5000,
+                   accel_bias=np.zeros(3), gyro_bias=np.zeros(3), seconds=1.0, camera=CAMERA)
+    opts = SlamOptions(progress=False)
+    with pytest.raises(SessionError) as e:
+        _check(s, opts, VibaOptions(), r, 0.03, excitation)
+    assert e.value.path == "imu.json" and words in e.value.reason and "\n" not in e.value.reason, e.value.reason
+    assert ("more translation" in e.value.reason) == (excitation < 5 * opts.scale_options.min_excitation)
+    _check(s, opts, VibaOptions(), r, 0.015, excitation)  # within the limit: no refusal

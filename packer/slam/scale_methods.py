@@ -54,35 +54,27 @@ def metric_scale(
             names = [session.frame_paths[int(k)].name for k in key_pos]
             return viba_scale(session, opts, imu, key_ts, key_T, model, names)
         readout = float(model.rolling_shutter or 0.0) if model is not None else 0.0
-        check = None if model is None else model.check_R_wc
-        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout, check)
+        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout)
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)
     return _known_distance_scale(session, opts, key_ts, key_T)
 
 
 def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
-               spans: list[tuple[float, float]] | None = None, readout: float = 0.0,
-               check_R_wc: np.ndarray | None = None) -> ScaleFit:
+               spans: list[tuple[float, float]] | None = None, readout: float = 0.0) -> ScaleFit:
     """Gyro/video alignment (clock offset, camera-IMU rotation, gyro bias), then the
     accelerometer scale solve on that alignment (and per part of a long session).
-    The gyro check is made on `check_R_wc` when given (a model whose rotations are the
-    gyro's: the rotations its images want, `gyro_repair`). The std's model term: see
-    `_model_rel_std`."""
+    The std's model term: see `_model_rel_std`. (A model the stage mapped again on the
+    gyro's rotations is scaled by `viba_scale` instead: `gyro_repair`.)"""
     centres = key_T[:, :3, 3]
     R_wc = key_T[:, :3, :3]
     try:
         al: ImuAlignment = align_imu(key_ts, R_wc, imu.t, imu.gyro, max_offset=opts.max_imu_offset)
-        checked = al if check_R_wc is None else align_imu(key_ts, check_R_wc, imu.t, imu.gyro,
-                                                          max_offset=opts.max_imu_offset)
     except AlignmentError as e:
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
-    disagree = checked.residual / max(checked.rotation_rms, 1e-9)
+    disagree = al.residual / max(al.rotation_rms, 1e-9)
     if disagree > opts.max_gyro_disagreement:
-        check_T = key_T.copy()
-        if check_R_wc is not None:
-            check_T[:, :3, :3] = check_R_wc
-        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options,
+        refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
                             f"need <= {opts.max_gyro_disagreement:.0%}", "part of the model is wrong")
     try:
         sr = solve_scale(key_ts, centres, R_wc, imu.t, imu.accel, imu.gyro, offset=al.offset, R_ic=al.R_ic,

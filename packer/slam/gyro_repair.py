@@ -26,7 +26,7 @@ The scale of the repaired model comes from the visual-inertial bundle adjustment
 says: its positions are tied by the IMU between keyframes, where the windowed solve
 takes the visual positions as given. On the 23 repaired every-effect and plain-room
 bench sessions (seeds 3-22) the windowed solve on the repaired keyframes was off by
-up to -37.5% (10 refused, 13 accepted within 1.8%), the bundle adjustment by 1.83%
+up to -37.5% (6 refused, 17 accepted within 1.8%), the bundle adjustment by 1.83%
 at most (median 0.35%). Its marginal std is too small here (0.12-0.65%, errors up
 to 12 of it): what the visual part leaves in the path's shape is not in it, and
 REPAIRED_REL_STD is added for it; where the IMU factors fit worse than on the right

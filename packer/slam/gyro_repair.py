@@ -107,12 +107,10 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
     n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
     _check(res, cam0[0], start)
     placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
-    m.check_R_wc = free_rotations(res)[placed]
     k_of_image = k_of_image[placed]
     key_T = np.tile(np.eye(4), (int(placed.sum()), 1, 1))
     key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc[placed], res.centres[placed]
-    names = [str(session.frame_paths[k].relative_to(session.path / "rgb")) for k in kpos[k_of_image]]
-    m = _adjusted_model(m, res, placed, key_T, names)
+    m = _adjusted_model(m, res, placed, key_T, _rgb_names(session, kpos[k_of_image]))
     fields = {
         "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
         "start": starts,
@@ -131,14 +129,20 @@ def _adjusted_model(m: colmap.SfmModel, res: GyroBaResult, placed: np.ndarray, k
                     names: list[str]) -> colmap.SfmModel:
     """The model as the adjustment left it, keyframes `placed` only, in time order: its
     poses, points, observations and camera (what the visual-inertial bundle adjustment
-    starts from; GLOMAP's points are in another frame and numbering)."""
+    starts from; GLOMAP's points are in another frame and numbering), and the rotations
+    those keyframes' images want, for the gyro check."""
     new = np.cumsum(placed) - 1
     o = res.obs.subset(placed[res.obs.cam])
     R_cw = np.swapaxes(key_T[:, :3, :3], -1, -2)
     return dataclasses.replace(
         m, names=names, R_cw=R_cw, t_cw=-np.einsum("nij,nj->ni", R_cw, key_T[:, :3, 3]), points_xyz=res.points,
         obs_image=new[o.cam].astype(np.int32), obs_point=o.point.astype(np.int32), obs_xy=o.xy.astype(np.float32),
-        camera=list(res.camera), reprojection_error=res.rms_px)
+        camera=list(res.camera), reprojection_error=res.rms_px, check_R_wc=free_rotations(res)[placed])
+
+
+def _rgb_names(session: Session, kpos: np.ndarray) -> list[str]:
+    """The keyframes' image names as the SfM model has them (relative to rgb/)."""
+    return [str(session.frame_paths[int(k)].relative_to(session.path / "rgb")) for k in kpos]
 
 
 def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Tracks, ts: np.ndarray, al: ImuAlignment,
@@ -148,7 +152,7 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
     n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))  # keyframes the IMU covers (its last ~0.25 s may be missing)
     if n < 3:
         raise RepairFailed("the IMU covers too few keyframes")
-    rel = [str(session.frame_paths[i].relative_to(session.path / "rgb")) for i in tracks.keyframes[:n]]
+    rel = _rgb_names(session, np.asarray(tracks.keyframes[:n]))
     held = dataclasses.replace(tracks.subset(0, n), rotations=gyro_rotations(imu, al, ts[:n]))
     held = drop_off_gyro(held, [cam0[0], cam0[2], cam0[3], 0.0])
     sfm = dataclasses.replace(opts.sfm_options(), hold_rotations=True)

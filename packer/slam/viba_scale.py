@@ -43,15 +43,15 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     disagree = checked.residual / max(checked.rotation_rms, 1e-9)
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
-    if model.check_R_wc is not None and disagree > opts.max_gyro_disagreement:
+    repaired = model.check_R_wc is not None
+    limit = opts.max_gyro_disagreement if repaired else vopt.max_gyro_disagreement
+    if disagree > limit:
         check_T = key_T.copy()
-        check_T[:, :3, :3] = model.check_R_wc
-        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options,
-                            f"need <= {opts.max_gyro_disagreement:.0%}", "part of the model is wrong")
-    if disagree > vopt.max_gyro_disagreement:
-        refuse_disagreement(session, key_ts, key_T, imu, al, opts.scale_options,
-                            f"the bundle adjustment repairs up to {vopt.max_gyro_disagreement:.0%}",
-                            "the model is wrong, not distorted")
+        if model.check_R_wc is not None:
+            check_T[:, :3, :3] = model.check_R_wc
+        words = ((f"need <= {limit:.0%}", "part of the model is wrong") if repaired else
+                 (f"the bundle adjustment repairs up to {limit:.0%}", "the model is wrong, not distorted"))
+        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options, *words)
     try:
         sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)
     except ScaleRefused as e:

@@ -21,17 +21,7 @@ the tracks best). Then:
    returned for the gyro check (`SfmModel.check_R_wc`): the repaired model passes
    only if the images do not pull away from the rotations forced on them.
 
-The scale of the repaired model comes from the visual-inertial bundle adjustment
-(`viba_scale`) on the adjustment's points and observations, whatever `--solver`
-says: its positions are tied by the IMU between keyframes, where the windowed solve
-takes the visual positions as given. On the 23 repaired every-effect and plain-room
-bench sessions (seeds 3-22) the windowed solve on the repaired keyframes was off by
-up to -37.5% (6 refused, 17 accepted within 1.8%), the bundle adjustment by 1.83%
-at most (median 0.35%). Its marginal std is too small here (0.12-0.65%, errors up
-to 12 of it): what the visual part leaves in the path's shape is not in it, and
-REPAIRED_REL_STD is added for it; where the IMU factors fit worse than on the right
-models (REPAIRED_IMU_CHI2), the marginal std grows with them. What the bundle
-adjustment refuses stays refused.
+Its scale: `packer.slam.repaired`.
 Not for models mapped in parts or without KLT tracks (`--frontend sift`)."""
 from __future__ import annotations
 
@@ -46,13 +36,8 @@ from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations,
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.rotations import rotation_mean, so3_log
-from packer.slam.scale_methods import ModelRefused
-from packer.slam.viba_scale import viba_scale
-from shardship.errors import SessionError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from packer.session import Imu, Session
     from packer.slam.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
@@ -64,13 +49,12 @@ MAX_CENTRE_STD = 5.0  # a keyframe whose centre's marginal std is over this time
 # effect seed 4's first three keyframes, 25x the median, sat 0.16-0.20 m off and made its scale refused as noisy
 MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
-REPAIRED_REL_STD = 0.006  # in the std (quadrature) of a repaired model's scale, for the shape the images leave in
-# it: the errors of the 23 repaired bench sessions had an RMS of 0.6%, the bundle adjustment's own std 0.2%
-REPAIRED_IMU_CHI2 = 0.1  # the IMU factors' chi^2/dof the visual-inertial bundle adjustment reaches on a repaired
-# model that is right (bench seeds 3-22: median 0.1, 0.03-0.6); above it the images force the path off the IMU and
-# the std grows with the root of the ratio (every-effect seed 23: chi^2 1.2, -2.9% at +-0.56% before)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
+
+
+HELD = GyroBaOptions(rotation_prior=1e-4, bias_prior=1e-5, focal_prior=1e-4, k1_prior=1e-4)  # a calibration kept
+Calibration = tuple["ImuAlignment", list[float]]
 
 
 class RepairFailed(ValueError):
@@ -84,6 +68,8 @@ class Repaired:
     key_T: np.ndarray  # (M,4,4) camera-to-world in the gyro's world, SfM units
     model: colmap.SfmModel  # the re-mapped model: camera, reprojection error, check_R_wc from the adjustment
     fields: dict[str, Any]  # metadata.json's "gyro_repair"
+    calibration: Calibration  # the adjustment's gyro calibration (offset, R_ic, bias) and camera [f, cx, cy, k1]
+    joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repaired`): where each later part begins
 
 
 def applies(opts: SlamOptions, model: colmap.SfmModel) -> bool:
@@ -92,19 +78,27 @@ def applies(opts: SlamOptions, model: colmap.SfmModel) -> bool:
             and opts.scale == "imu")
 
 
-def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, al: ImuAlignment
-                ) -> Repaired:
+def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, al: ImuAlignment,
+                held: Calibration | None = None) -> Repaired:
     """The repaired keyframes of a refused model (module docstring), or RepairFailed.
     The KLT tracks are mapped again even when the SIFT front-end made the refused
-    model (it registered more than KLT's own): its alignment is the start."""
+    model (it registered more than KLT's own): its alignment is the start. `held`:
+    a calibration to keep instead of `_start`'s choice and the adjustment's own (a
+    part of a model mapped in parts keeps the whole's, so the parts share one world
+    and one camera: with their own, every-effect seed 10's two parts met 1.9 deg
+    apart and the joined scale was off by 2.2%)."""
     assert model.tracks is not None
     kpos = np.asarray(model.tracks.keyframes, dtype=np.int64)
     ts = session.timestamps[kpos]
     cam0 = [float(v) for v in (session.intrinsics or (model.camera[0], 0, model.camera[1], model.camera[2]))]
     k1 = model.camera[3] if len(model.camera) > 3 else 0.0
-    start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
-                           {"the refused model": al, **model.gyro_starts})
-    n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
+    if held is None:
+        start, starts = _start(model, imu, ts, [cam0[0], cam0[2], cam0[3], k1],
+                               {"the refused model": al, **model.gyro_starts})
+    else:
+        start, starts = held[0], {"chosen": "the whole model's calibration, held"}
+    n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0,
+                                            None if held is None else held[1])
     _check(res, cam0[0], start)
     placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
     k_of_image = k_of_image[placed]
@@ -122,7 +116,8 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
         "iterations": res.iterations,
         "left_out_keyframes": int((~placed).sum()),  # placed too loosely (MAX_CENTRE_STD)
     }
-    return Repaired(kpos[:n], kpos[k_of_image], key_T, m, fields)
+    calibration = (dataclasses.replace(start, R_ic=res.R_ic, gyro_bias=res.gyro_bias), list(res.camera))
+    return Repaired(kpos[:n], kpos[k_of_image], key_T, m, fields, calibration)
 
 
 def _adjusted_model(m: colmap.SfmModel, res: GyroBaResult, placed: np.ndarray, key_T: np.ndarray,
@@ -146,9 +141,11 @@ def _rgb_names(session: Session, kpos: np.ndarray) -> list[str]:
 
 
 def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Tracks, ts: np.ndarray, al: ImuAlignment,
-                    cam0: list[float]) -> tuple[int, colmap.SfmModel, np.ndarray, GyroBaResult]:
+                    cam0: list[float], camera: list[float] | None = None
+                    ) -> tuple[int, colmap.SfmModel, np.ndarray, GyroBaResult]:
     """(keyframes the IMU covers, the model mapped on the gyro's rotations, its images' keyframe
-    indices in time order (the well-seen ones), the adjustment) for one calibration."""
+    indices in time order (the well-seen ones), the adjustment) for one calibration; with
+    `camera` given, that camera and `al`'s R_ic and bias are held (`HELD`)."""
     n = int(np.sum(ts + al.offset < imu.t[-1] - 0.01))  # keyframes the IMU covers (its last ~0.25 s may be missing)
     if n < 3:
         raise RepairFailed("the IMU covers too few keyframes")
@@ -173,8 +170,9 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
     seen, obs = well_seen(obs, len(order))
     c_m, k_sorted = c_m[seen], k_of_image[order][seen]
     gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
-    res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G, list(m.camera), al.R_ic,
-                             al.gyro_bias, GyroBaOptions())
+    res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G,
+                             list(m.camera) if camera is None else camera, al.R_ic, al.gyro_bias,
+                             GyroBaOptions() if camera is None else HELD)
     return n, m, k_sorted, res
 
 
@@ -231,33 +229,6 @@ def well_seen(obs: Observations, n_images: int, min_obs: int = MIN_OBSERVATIONS)
     o = Observations(new[o.cam], o.point, o.xy)
     twice = np.bincount(o.point)[o.point] >= 2
     return np.flatnonzero(keep), o.subset(twice)
-
-
-Repair = tuple[np.ndarray, np.ndarray, np.ndarray, colmap.SfmModel, dict[str, Any]]
-
-
-def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, refusal: ModelRefused,
-                   stages: Callable[[str], None]) -> Repair:
-    """(keyframes, registered ones, their poses, model, scale fields with "scale" and
-    "keyframe_poses", the metric ones) of the gyro repair of a refused model
-    (`gyro_repair`); the refusal stands, with what the repair found, when it does not
-    apply, fails, or its model is refused too."""
-    if not applies(opts, model):
-        raise refusal
-    stages("scale (gyro repair)")
-    try:
-        rep = gyro_repair(session, opts, imu, model, refusal.alignment)
-        if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
-            raise RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes")
-        scale, _metric, extra = viba_scale(session, opts, imu, session.timestamps[rep.key_pos], rep.key_T,
-                                           rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD,
-                                           imu_chi2_ref=REPAIRED_IMU_CHI2)
-    except (RepairFailed, SessionError) as e:
-        why = e.reason if isinstance(e, SessionError) else str(e)
-        raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "
-                            f"calibrated from the images: {why}") from None
-    extra.update({"scale": scale, "gyro_repair": rep.fields})
-    return rep.kpos, rep.key_pos, rep.key_T, rep.model, extra
 
 
 def klt_alignment(found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray], session: Session,

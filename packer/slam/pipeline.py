@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
-from packer.slam import gyro_repair, rolling, store
+from packer.slam import gyro_repair, repaired, rolling, store
 from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
 from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
@@ -205,7 +205,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
     except ModelRefused as refusal:
         assert imu is not None
-        kpos, key_pos, key_T, model, extra = gyro_repair.repaired_scale(session, opts, imu, model, refusal, stages)
+        kpos, key_pos, key_T, model, extra = repaired.repaired_scale(session, opts, imu, model, refusal, stages)
         scale, metric = extra.pop("scale"), True
         key_ts, centres = session.timestamps[key_pos], key_T[:, :3, 3]
         info.update(_model_fields(kpos, model, key_pos), frontend_used="klt, mapped again on the gyro's rotations",

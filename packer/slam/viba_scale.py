@@ -26,14 +26,17 @@ if TYPE_CHECKING:
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
                model: SfmModel, names: list[str], shape_rel_std: float = 0.0,
-               imu_chi2_ref: float | None = None) -> tuple[float, bool, dict[str, Any]]:
+               imu_chi2_ref: float | None = None, joins: tuple[int, ...] = (), join_offset: float = 0.0
+               ) -> tuple[float, bool, dict[str, Any]]:
     """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
     A model whose rotations are the gyro's (`gyro_repair`: `model.check_R_wc` holds the
     rotations its images want) is checked on those, against the window solver's limit:
     the bundle adjustment cannot straighten what the gyro already set. `shape_rel_std`:
     added to the std in quadrature, for what the marginal covariance does not see;
     `imu_chi2_ref`: the IMU factors' chi^2/dof of a right model of this kind, the marginal
-    std then grows with the root of how far above it this one's is (a Birge ratio)."""
+    std then grows with the root of how far above it this one's is (a Birge ratio); `joins`:
+    the keyframes where a part mapped alone begins, each placed by the IMU alone to about
+    `join_offset` metres (`join_rel_std`)."""
     try:
         al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
         checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
@@ -72,7 +75,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                             ) from None
     model_std = float(np.hypot(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std))
     fit_std = r.rel_std * (1.0 if imu_chi2_ref is None else float(np.sqrt(max(1.0, r.imu_chi2 / imu_chi2_ref))))
-    rel_std = float(np.hypot(fit_std, model_std))
+    join_std = join_rel_std(r.T_wc[:, :3, 3], joins, join_offset)
+    rel_std = float(np.sqrt(fit_std**2 + model_std**2 + join_std**2))
     _check(session, opts, vopt, r, rel_std, sr.excitation)
     return r.scale, True, {
         "keyframe_poses": r.T_wc,
@@ -88,6 +92,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_rel_std": rel_std,
         "scale_fit_rel_std": fit_std,  # from the marginal covariance (and imu_chi2_ref)
         "scale_model_rel_std": model_std,
+        **({"scale_join_rel_std": join_std} if joins else {}),
         # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
         **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),
         "scale_start": sr.scale,
@@ -103,6 +108,17 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "viba_seconds": r.seconds,
         "confidence": float(np.clip(1.0 - rel_std / opts.scale_options.max_rel_std, 0.0, 1.0)),
     }
+
+
+def join_rel_std(centres: np.ndarray, joins: tuple[int, ...], offset: float) -> float:
+    """The relative std the scale gets from parts joined with an uncertain offset: an
+    offset d at keyframe j moves every centre from j on, and the scale of the fit to
+    the whole path by d . sum_{k>=j} (c_k - c_mean) / sum_k |c_k - c_mean|^2 (the
+    fit's derivative); `offset` m along the most sensitive direction, each join
+    independent."""
+    d = centres - centres.mean(0)
+    g = [np.linalg.norm(d[j:].sum(0)) for j in joins]
+    return float(offset * np.sqrt(np.sum(np.square(g))) / max(float(np.sum(d * d)), 1e-12))
 
 
 def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float,

@@ -22,9 +22,11 @@ from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import gyro_repair, repaired, rolling, store
 from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
 from packer.slam.colmap import SfmError, SfmModel
+from packer.slam.imu_between import ImuCalibration, imu_between
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
+from packer.slam.plot import plot_session, plot_stored
 from packer.slam.scale_methods import ModelRefused, metric_scale
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
@@ -218,7 +220,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     stages("write")
     T = key_T.copy() if refined is None else refined
     T[:, :3, 3] = (centres - centres[0]) * scale if refined is None else refined[:, :3, 3] - refined[0, :3, 3]
-    poses, flags = interpolate_poses(session.timestamps, key_ts, T)
+    poses, flags = _every_frame(session, key_ts, T, imu, info)
     info["interpolated_frames"] = int(np.sum(flags == INTERPOLATED))
     info["outside_frames"] = [int(f) for f in session.frames[flags == OUTSIDE]]
     info["tool"] = f"shardship {__version__}"
@@ -226,8 +228,20 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     result = SlamResult(name, path, "ok", _summary(info), metric=metric, scale=scale if metric else None,
                         method=opts.scale, info=info, poses=poses, flags=flags, frames=session.frames)
     if opts.plot:
-        result.plot = _plot(session, poses, flags, result.message, metric)
+        result.plot = plot_session(session, poses, flags == REGISTERED, result.message, metric)
     return result
+
+
+def _every_frame(session: Session, key_ts: np.ndarray, T: np.ndarray, imu: Imu | None, info: dict[str, Any]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(poses, flags) of every frame: the keyframes', and between them what the IMU
+    measured where the scale stage aligned it (`imu_between`), else the cubic."""
+    poses, flags = interpolate_poses(session.timestamps, key_ts, T)
+    cal = None if imu is None else ImuCalibration.from_info(info)
+    if imu is not None and cal is not None:
+        poses = imu_between(session.timestamps, poses, flags, key_ts, T, imu, cal)
+    info["between_keyframes"] = "cubic" if cal is None else "imu" if cal.gravity_removed else "gyro, cubic positions"
+    return poses, flags
 
 
 def _model_fields(kpos: np.ndarray, model: SfmModel, key_pos: np.ndarray) -> dict[str, Any]:
@@ -247,7 +261,7 @@ def _cached_result(session: Session, opts: SlamOptions, info: dict[str, Any]) ->
     res = SlamResult(session.name, session.path, "cached", _summary(info), metric=bool(info.get("metric")),
                      scale=info.get("scale"), method=str(info.get("method", "")), info=info)
     if opts.plot:
-        res.plot = _plot_stored(session, res)
+        res.plot = plot_stored(session, res.message, res.metric)
     return res
 
 
@@ -367,27 +381,6 @@ def _load_mask(session: Session, mask: str | None) -> np.ndarray | None:
         raise session.error(str(p), "--mask: not a readable image (a PNG, black where the mount is)")
     h, w = read_gray(session.frame_paths[0]).shape
     return np.where(cv2.resize(img, (w, h), interpolation=cv2.INTER_NEAREST) > 127, 255, 0).astype(np.uint8)
-
-
-def _plot(session: Session, poses: np.ndarray, flags: np.ndarray, message: str, metric: bool) -> Path:
-    from packer.slam.plot import load_truth_positions, plot_trajectory
-
-    return plot_trajectory(
-        session.path / "slam.png", poses[:, :3, 3], f"{session.name}: {message}",
-        truth=load_truth_positions(session.path, session.frames), metric=metric, registered=flags == REGISTERED,
-    )
-
-
-def _plot_stored(session: Session, res: SlamResult) -> Path | None:
-    from packer.session import load_poses
-
-    stored = load_poses(session)
-    if not stored:
-        return None
-    poses = np.stack([stored[int(f)] for f in session.frames if int(f) in stored])
-    if len(poses) != session.n_frames:
-        return None
-    return _plot(session, poses, np.full(len(poses), INTERPOLATED, np.int8), res.message, res.metric)
 
 
 def _summary(info: dict[str, Any]) -> str:

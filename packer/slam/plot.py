@@ -7,10 +7,34 @@ translation, no scale) alignment: a scale error shows up as a size mismatch."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packer.slam.rotations import umeyama
+
+if TYPE_CHECKING:
+    from packer.session import Session
+
+
+def plot_session(session: Session, poses: np.ndarray, registered: np.ndarray, message: str, metric: bool) -> Path:
+    """session/slam.png of the poses (the registered frames marked), truth drawn when known."""
+    return plot_trajectory(session.path / "slam.png", poses[:, :3, 3], f"{session.name}: {message}",
+                           truth=load_truth_positions(session.path, session.frames), metric=metric,
+                           registered=registered)
+
+
+def plot_stored(session: Session, message: str, metric: bool) -> Path | None:
+    """`plot_session` of the poses a cached run left in poses.json (none marked registered)."""
+    from packer.session import load_poses
+
+    stored = load_poses(session)
+    if not stored:
+        return None
+    poses = np.stack([stored[int(f)] for f in session.frames if int(f) in stored])
+    if len(poses) != session.n_frames:
+        return None
+    return plot_session(session, poses, np.zeros(len(poses), bool), message, metric)
 
 
 def load_truth_positions(session_dir: Path, frames: np.ndarray) -> np.ndarray | None:

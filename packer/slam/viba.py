@@ -94,7 +94,7 @@ class VibaResult:
     inlier_fraction: float  # observations kept in the second pass
     n_points: int
     n_observations: int
-    accel_bias: np.ndarray  # (3,) m/s^2, the accelerometer's own sign, first keyframe
+    accel_bias: np.ndarray  # (3,) m/s^2, the accelerometer's own sign (as the windowed solve's), first keyframe
     gyro_bias: np.ndarray  # (3,) rad/s
     seconds: float
     camera: list[float]  # [f, cx, cy, k1] after the solve
@@ -308,7 +308,8 @@ def solve_viba(
         opt = replace(opt, rolling_shutter=_estimate_readout(run, opt))
     pr, graph, res, keep = run(opt, 2)
     out = _result(gsam, graph, res, pr, key_ts, key_T, inside, [float(c) for c in model.camera], keep, t0)
-    return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0))
+    # GTSAM's accelerometer bias is in the signed samples' frame; the windowed solve's (and metadata's) is not
+    return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias)
 
 
 _TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)

@@ -105,14 +105,15 @@ def _in_parts(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmMo
     parts = [rep]
     for a, b in left_out(np.searchsorted(rep.kpos, rep.key_pos), len(rep.kpos)):
         sub = dataclasses.replace(model, tracks=model.tracks.subset(a, b))
+        head = (f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes, and the "
+                f"{session.timestamps[rep.kpos[a]]:.1f}-{session.timestamps[rep.kpos[b - 1]]:.1f} s of video it left "
+                "out, mapped alone,")
         try:
             part = gyro_repair(session, opts, imu, sub, al, held=rep.calibration)
         except RepairFailed as e:
-            raise RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes, and keyframes "
-                               f"{a}-{b - 1} mapped alone failed ({e})") from None
+            raise RepairFailed(f"{head} failed: {e}") from None
         if len(part.key_pos) < opts.min_registered * (b - a):
-            raise RepairFailed(f"it registered only {len(rep.key_pos)}/{len(rep.kpos)} keyframes, and keyframes "
-                               f"{a}-{b - 1} mapped alone only {len(part.key_pos)}")
+            raise RepairFailed(f"{head} registered only {len(part.key_pos)}/{b - a}")
         parts.append(part)
     n_placed = len(np.unique(np.concatenate([p.key_pos for p in parts])))
     if len(parts) == 1 or n_placed < opts.min_registered * len(rep.kpos):

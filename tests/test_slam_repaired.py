@@ -22,6 +22,7 @@ STEP = 6  # frames per keyframe (0.1 s at 60 fps)
     (np.arange(25, 70), 101, [(0, 31), (64, 101)]),  # a middle part: both ends mapped alone
     (np.arange(17, 44), 101, [(38, 101)]),  # 17 left out before it: too short to map alone
     (np.arange(5, 90), 101, []),
+    (np.arange(0), 101, []),  # nothing placed: nothing to map the rest with
 ])
 def test_the_stretches_left_out_are_mapped_with_some_of_the_placed_keyframes(placed, n, expected):
     assert left_out(placed, n, min_part=20, overlap=6) == expected

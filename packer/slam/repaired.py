@@ -88,6 +88,8 @@ def left_out(placed: np.ndarray, n: int, min_part: int = MIN_PART, overlap: int 
     """Keyframe ranges [a, b) to map alone: the stretch before the first of `placed`
     (sorted keyframe indices out of n) and the one after the last, each at least
     `min_part` long, with `overlap` of the placed ones."""
+    if len(placed) == 0:
+        return []
     first, last = int(placed[0]), int(placed[-1])
     ranges = []
     if first >= min_part:

@@ -27,7 +27,8 @@ import numpy as np
 from packer.session import Session, read_json
 from shardship.atomic import write_bytes, write_json
 
-SLAM_VERSION = 2  # 2: tracks corrected for the rolling shutter. Bump when the output of the same inputs changes
+SLAM_VERSION = 3  # 2: tracks corrected for the rolling shutter; 3: frames between keyframes from the IMU. Bump when
+# the output of the same inputs changes
 KEY = "shardship"
 
 

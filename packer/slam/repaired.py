@@ -124,7 +124,7 @@ def _in_parts(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmMo
     scales = [_part_scale(session, opts, imu, p) for p in parts]
     key_pos, key_T, m, how, joins = join_parts(session.timestamps, [(p.key_pos, p.key_T, p.model) for p in parts],
                                         scales)
-    fields = {**rep.fields, "parts": [{"keyframes": [int(p.key_pos[0]), int(p.key_pos[-1])],
+    fields = {**rep.fields, "parts": [{"frames": [int(p.key_pos[0]), int(p.key_pos[-1])],
                                        "registered": len(p.key_pos), "scale_start": s, "joined": h}
                                       for p, s, h in zip(parts, scales, how)]}
     return Repaired(rep.kpos, key_pos, key_T, dataclasses.replace(m, camera=rep.model.camera), fields,

@@ -14,8 +14,10 @@ rotation it does not reach, spread over u = (t - t_k) / (t_k+1 - t_k): exact at 
 keyframes whatever the world (SfM or the gyro's).
 
 Position (an accelerometer without gravity, the app's userAcceleration): p(t) = p_k
-+ v (t - t_k) + D_k(t), D_k the double integral from t_k of the acceleration turned
-into the world by R(t), v the one velocity that lands on p_k+1. A constant error in
++ v (t - t_k) + M_k D_k(t), D_k the double integral from t_k of the acceleration in
+the gyro's world (`imu_align.ImuTrack`, integrated once, exact between samples), M_k
+= R_k R_ic^T R_g(t_k)^T turning it into the keyframes' world at keyframe k, v the one
+velocity that lands on p_k+1. A constant error in
 the acceleration bows a segment by a dt^2 / 8: a bias of 0.1 m/s^2 (taken out
 here) moves the middle of a 0.1 s segment 0.1 mm, of a 0.4 s gap 2 mm; with
 gravity in the samples it would bow by centimetres, so a raw accelerometer keeps
@@ -27,15 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packer.slam.imu_align import gyro_orientation
+from packer.slam.imu_align import ImuTrack
 from packer.slam.interpolate import INTERPOLATED
 from packer.slam.rotations import so3_exp, so3_log
+from packer.slam.scale import GRAVITY
 
 if TYPE_CHECKING:
     from packer.session import Imu
-
-GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2)
-
 
 @dataclass
 class ImuCalibration:
@@ -72,10 +72,13 @@ def imu_between(frame_ts: np.ndarray, poses: np.ndarray, flags: np.ndarray, key_
     out = poses.copy()
     if len(sel) == 0:
         return out
-    turn = _Turn(t_imu, imu.gyro - cal.gyro_bias, cal.R_ic, key_ts, key_T[:, :3, :3])
+    b = np.zeros(3) if cal.accel_bias is None else np.asarray(cal.accel_bias, dtype=np.float64)
+    track = ImuTrack(t_imu, cal.accel_sign * (GRAVITY * np.asarray(imu.accel, dtype=np.float64) - b),
+                     np.asarray(imu.gyro, dtype=np.float64) - cal.gyro_bias)
+    turn = _Turn(track, cal.R_ic, key_ts, key_T[:, :3, :3])
     out[sel, :3, :3] = turn.at(frame_ts[sel], k)
     if cal.gravity_removed:
-        out[sel, :3, 3] = _positions(frame_ts[sel], k, key_ts, key_T[:, :3, 3], t_imu, imu.accel, cal, turn)
+        out[sel, :3, 3] = _positions(frame_ts[sel], k, key_ts, key_T, track, cal.R_ic)
     return out
 
 
@@ -83,41 +86,29 @@ class _Turn:
     """Camera-to-world rotations between keyframes: the gyro's turn from the earlier one,
     its shortfall at the later one spread linearly in time."""
 
-    def __init__(self, t: np.ndarray, gyro: np.ndarray, R_ic: np.ndarray, key_ts: np.ndarray, key_R: np.ndarray):
-        self.t, self.gyro, self.R_ic, self.key_ts, self.key_R = t, gyro, R_ic, key_ts, key_R
-        Rg = self._gyro(key_ts)
-        reach = key_R[:-1] @ np.swapaxes(Rg[:-1], -1, -2) @ Rg[1:]  # R_k Q_k(t_k+1)
+    def __init__(self, track: ImuTrack, R_ic: np.ndarray, key_ts: np.ndarray, key_R: np.ndarray):
+        self.track, self.R_ic, self.key_ts, self.key_R = track, R_ic, key_ts, key_R
+        self.key_g = track.orientation(key_ts) @ R_ic  # each keyframe's camera in the gyro's world
+        reach = key_R[:-1] @ np.swapaxes(self.key_g[:-1], -1, -2) @ self.key_g[1:]  # R_k Q_k(t_k+1)
         self.short = so3_log(np.swapaxes(reach, -1, -2) @ key_R[1:])  # (K-1,3) Log E_k
-
-    def _gyro(self, times: np.ndarray) -> np.ndarray:
-        return gyro_orientation(self.t, self.gyro, times) @ self.R_ic  # the camera in the gyro's world
 
     def at(self, times: np.ndarray, k: np.ndarray) -> np.ndarray:
         """(n,3,3) at `times`, each between keyframes k and k+1."""
-        Rg, Rk = self._gyro(times), self._gyro(self.key_ts[k])
+        Rg = self.track.orientation(times) @ self.R_ic
         u = (times - self.key_ts[k]) / (self.key_ts[k + 1] - self.key_ts[k])
-        return self.key_R[k] @ np.swapaxes(Rk, -1, -2) @ Rg @ so3_exp(u[:, None] * self.short[k])
+        return self.key_R[k] @ np.swapaxes(self.key_g[k], -1, -2) @ Rg @ so3_exp(u[:, None] * self.short[k])
 
 
-def _positions(times: np.ndarray, k: np.ndarray, key_ts: np.ndarray, key_c: np.ndarray, t_imu: np.ndarray,
-               accel_g: np.ndarray, cal: ImuCalibration, turn: _Turn) -> np.ndarray:
-    """(n,3) p_k + v (t - t_k) + D_k(t), v landing on p_k+1 (module docstring)."""
-    span = (t_imu >= key_ts[0]) & (t_imu <= key_ts[-1])
-    ts = np.concatenate([key_ts[:1], t_imu[span], key_ts[-1:]])  # the samples, the first and last keyframe
-    ks = np.clip(np.searchsorted(key_ts, ts, side="right") - 1, 0, len(key_ts) - 2)
-    b = np.zeros(3) if cal.accel_bias is None else np.asarray(cal.accel_bias, dtype=np.float64)
-    a_imu = cal.accel_sign * (GRAVITY * np.column_stack([np.interp(ts, t_imu, accel_g[:, i]) for i in range(3)]) - b)
-    a_w = np.einsum("nij,nj->ni", turn.at(ts, ks) @ cal.R_ic.T, a_imu)
-    dt = np.diff(ts)[:, None]
-    V = np.vstack([np.zeros((1, 3)), np.cumsum(0.5 * (a_w[1:] + a_w[:-1]) * dt, axis=0)])
-    P = np.vstack([np.zeros((1, 3)), np.cumsum(0.5 * (V[1:] + V[:-1]) * dt, axis=0)])
+def _positions(times: np.ndarray, k: np.ndarray, key_ts: np.ndarray, key_T: np.ndarray, track: ImuTrack,
+               R_ic: np.ndarray) -> np.ndarray:
+    """(n,3) p_k + v (t - t_k) + M_k D_k(t), v landing on p_k+1 (module docstring)."""
+    i1_k, i2_k = (i[:, :3] for i in track.integrals(key_ts))
+    M = key_T[:, :3, :3] @ R_ic.T @ np.swapaxes(track.orientation(key_ts), -1, -2)
 
-    def at(x: np.ndarray, M: np.ndarray) -> np.ndarray:
-        return np.column_stack([np.interp(x, ts, M[:, i]) for i in range(3)])
+    def D(t: np.ndarray) -> np.ndarray:  # M_k times the double integral from t_k to t, starting at rest
+        i2 = track.integrals(t)[1][:, :3]
+        return np.einsum("nij,nj->ni", M[k], i2 - i2_k[k] - i1_k[k] * (t - key_ts[k])[:, None])
 
-    def D(t0: np.ndarray, t1: np.ndarray) -> np.ndarray:  # double integral from t0 to t1, starting at rest
-        return at(t1, P) - at(t0, P) - at(t0, V) * (t1 - t0)[:, None]
-
-    t0, t1 = key_ts[k], key_ts[k + 1]
-    v = (key_c[k + 1] - key_c[k] - D(t0, t1)) / (t1 - t0)[:, None]
-    return key_c[k] + v * (times - t0)[:, None] + D(t0, times)
+    t0, t1, c = key_ts[k], key_ts[k + 1], key_T[:, :3, 3]
+    v = (c[k + 1] - c[k] - D(t1)) / (t1 - t0)[:, None]
+    return c[k] + v * (times - t0)[:, None] + D(times)

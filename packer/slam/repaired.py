@@ -192,24 +192,21 @@ def join_parts(times: np.ndarray, parts: list[Part], scales: list[float]
     sort = np.argsort(pos)
     rank = np.empty(len(pos), np.int64)
     rank[sort] = np.arange(len(pos))
-    first = parts[order[0]][2]
+    T_all, placed = np.array(T)[sort], np.array(pos)[sort]
     joined = dataclasses.replace(
-        first, names=[names[j] for j in sort], R_cw=np.swapaxes(np.array(T)[sort, :3, :3], -1, -2),
-        t_cw=-np.einsum("nji,nj->ni", np.array(T)[sort, :3, :3], np.array(T)[sort, :3, 3]),
+        parts[order[0]][2], names=[names[j] for j in sort], R_cw=np.swapaxes(T_all[:, :3, :3], -1, -2),
+        t_cw=-np.einsum("nji,nj->ni", T_all[:, :3, :3], T_all[:, :3, 3]),
         points_xyz=np.concatenate(pts), obs_image=rank[np.concatenate(o_key)].astype(np.int32),
         obs_point=np.concatenate(o_pt).astype(np.int32), obs_xy=np.concatenate(o_xy),
         check_R_wc=np.array(R_check)[sort], n_points=n_pts)
-    placed = np.array(pos)[sort]
-    return placed, np.array(T)[sort], joined, how, tuple(int(j) for j in np.searchsorted(placed, starts))
+    return placed, T_all, joined, how, tuple(int(j) for j in np.searchsorted(placed, starts))
 
 
 def _offset(times: np.ndarray, pos: np.ndarray, centres: np.ndarray, key_pos: np.ndarray, c: np.ndarray
             ) -> tuple[np.ndarray, str]:
     """(translation, how) putting a part's centres `c` with those placed (`pos`, `centres`)."""
-    shared = np.intersect1d(pos, key_pos)
+    shared, a, b = np.intersect1d(pos, key_pos, return_indices=True)
     if len(shared):
-        a, b = np.searchsorted(pos, shared, sorter=np.argsort(pos)), np.searchsorted(key_pos, shared)
-        a = np.argsort(pos)[a]
         return (centres[a] - c[b]).mean(0), f"on {len(shared)} shared keyframes"
     before = np.flatnonzero(pos < key_pos[0])
     if len(before) < 2 or len(key_pos) < 2:

@@ -50,7 +50,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     limit = opts.max_gyro_disagreement if repaired else vopt.max_gyro_disagreement
     if disagree > limit:
         check_T = key_T.copy()
-        if model.check_R_wc is not None:
+        if repaired:
             check_T[:, :3, :3] = model.check_R_wc
         words = ((f"need <= {limit:.0%}", "part of the model is wrong") if repaired else
                  (f"the bundle adjustment repairs up to {limit:.0%}", "the model is wrong, not distorted"))

@@ -10,6 +10,7 @@ The disk peak of this retention is train.retention.peak_checkpoint_files (kept
 torch-free there: `packer budget` and the job checks size quotas by it)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -54,10 +55,27 @@ def checkpoint_payload(model: DiffusionPolicy, ema: EMA, opt: torch.optim.Optimi
 def save_checkpoint(state: Mapping[str, Any], path: Path) -> None:
     """torch.save into a temp file in the same directory, fsync, rename: a kill
     mid-write leaves the previous file untouched (and a temp that the next run removes).
-    A full disk or quota is a one-line QuotaError naming the file."""
+    A full disk or quota is a one-line QuotaError naming the file.
+
+    torch.save writes through a file object of its own (`sink`, a dup of the temp
+    file's descriptor) that a ctrl-C leaves open: the interrupt can leave torch's
+    zip writer unfinished, and the writer finishes the archive when it is
+    garbage-collected, after atomic_open has closed and removed the temp file.
+    Into a closed file object that write raises inside a C++ destructor and the
+    process aborts (SIGABRT, seen in CI); into `sink` it lands in the removed file,
+    and the descriptor closes with the writer."""
     try:
         with atomic_open(path, "wb") as f:
-            torch.save(dict(state), f)
+            sink = os.fdopen(os.dup(f.fileno()), "wb")
+            try:
+                torch.save(dict(state), sink)
+            except KeyboardInterrupt:
+                raise  # the writer may be unfinished: `sink` stays open for it (see above)
+            except BaseException:  # the writer finished (or never began): free the space now
+                with contextlib.suppress(OSError):
+                    sink.close()
+                raise
+            sink.close()
     except (OSError, RuntimeError) as e:
         if isinstance(e.__context__, KeyboardInterrupt):
             # a ctrl-C inside torch.save: its zip writer's cleanup then fails on the half-written file and

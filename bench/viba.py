@@ -4,8 +4,9 @@ visual-inertial bundle adjustment (`--solver viba`, packer/slam/viba.py).
 
 Per session: render (cached by bench.slam_hard.render), the keyframe SfM once at
 the defaults, then each solver as `packer.slam.scale_methods.metric_scale` runs it
-(its refusals included). The error is the keyframes' sim(3) scale against the
-truth: the window solve's keyframes are the SfM's times its scale, viba's are its
+(its refusals included). The error is bench.slam_hard's: from the keyframes'
+sim(3) fit of the estimate on the truth, truth / estimate - 1 (> 0: too small):
+the window solve's keyframes are the SfM's times its scale, viba's are its
 refined poses. Per profile and solver: accepted %, scale error median / worst,
 |error| / reported std (RMS, worst, how many over 3), wrong acceptances (error
 > 2% or > 3 std), seconds of the solver alone.
@@ -54,8 +55,14 @@ def run_session(src: Path, solvers: list[str]) -> list[dict]:
             scale, _m, extra = metric_scale(s, opts, imu, key_pos, s.timestamps[key_pos], key_T, model)
             T = extra.get("keyframe_poses")
             est = scale * key_T[:, :3, 3] if T is None else T[:, :3, 3]
-            rec.update(accepted=True, error_pct=100 * (umeyama(est, gt)[0] - 1),
-                       std_pct=100 * float(extra["scale_rel_std"]))
+            rec.update(accepted=True, error_pct=100 * (1 / umeyama(gt, est)[0] - 1),  # as bench.slam_hard
+                       std_pct=100 * float(extra["scale_rel_std"]), used=extra.get("solver", "window"),
+                       fit_std_pct=100 * float(extra.get("scale_fit_rel_std", np.nan)),
+                       model_std_pct=100 * float(extra.get("scale_model_rel_std", np.nan)),
+                       viba_refused=extra.get("viba_refused"))
+            if "window_scale" in extra:  # --solver auto: the windowed solve's answer on the same model
+                rec["window_error_pct"] = 100 * (1 / umeyama(gt, extra["window_scale"] * key_T[:, :3, 3])[0] - 1)
+                rec["window_std_pct"] = 100 * float(extra["window_rel_std"])
         except SessionError as e:
             rec.update(accepted=False, refusal=str(e).split(": ", 1)[-1][:90])
         rec["seconds"] = time.perf_counter() - t0

@@ -30,10 +30,11 @@ from shardship.units import plural
                    "Nth frame (default 3). The other frames are interpolated")
 @click.option("--scale", "scale_method", type=click.Choice(["imu", "marker", "known-distance", "none"]),
               default=None, help="metric scale from the IMU (default), an ArUco marker, a known distance, or none")
-@click.option("--solver", type=click.Choice(["window", "viba"]), default=None,
-              help="--scale imu: window (default: accelerometer least squares on the SfM trajectory) or viba "
-                   "(visual-inertial bundle adjustment: refines poses, structure and camera with the IMU; "
-                   "experimental: it has accepted wrong scales on the hardest renders, see the README)")
+@click.option("--solver", type=click.Choice(["auto", "window", "viba"]), default=None,
+              help="--scale imu: auto (default: the windowed solve checks the model, then the visual-inertial "
+                   "bundle adjustment refines poses, structure and camera with the IMU and gives the scale), "
+                   "window (accelerometer least squares on the SfM trajectory alone) or viba (the bundle "
+                   "adjustment alone; experimental: it has accepted wrong scales on the hardest renders)")
 @click.option("--marker-size", type=float, default=None, help="ArUco marker side length in metres (--scale marker)")
 @click.option("--marker-dict", default=None, help="ArUco dictionary (default DICT_4X4_50)")
 @click.option("--known-distance", default=None, metavar="A:B:METRES",

@@ -73,9 +73,10 @@ class Repaired:
 
 
 def applies(opts: SlamOptions, model: colmap.SfmModel) -> bool:
-    """Whether a refused model can be repaired: KLT tracks of one part, the window solver, the global mapper."""
-    return (model.tracks is not None and not model.chunks and opts.solver == "window" and opts.mapper == "global"
-            and opts.scale == "imu")
+    """Whether a refused model can be repaired: KLT tracks of one part, the window solve's checks, the global
+    mapper."""
+    return (model.tracks is not None and not model.chunks and opts.solver in ("auto", "window")
+            and opts.mapper == "global" and opts.scale == "imu")
 
 
 def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmModel, al: ImuAlignment,

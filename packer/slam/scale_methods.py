@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from packer.slam.options import SlamOptions
 
 SCALE_METHODS = ("imu", "marker", "known-distance", "none")
-SOLVERS = ("window", "viba")  # --scale imu: the windowed accelerometer solve, or the visual-inertial bundle adjustment
+SOLVERS = ("auto", "window", "viba")  # --scale imu: the windowed solve's checks then the visual-inertial bundle
+# adjustment's scale, the windowed accelerometer solve alone, or the bundle adjustment alone
 
 ScaleFit = tuple[float, bool, dict[str, Any]]  # (metres per SfM unit, metric?, metadata fields)
 
@@ -40,21 +41,27 @@ def metric_scale(
     model: SfmModel | None = None, spans: list[tuple[float, float]] | None = None,
 ) -> ScaleFit:
     """(scale in metres per SfM unit, metric?, metadata fields) by the chosen method.
-    With `--solver viba` the fields carry "keyframe_poses": the refined metric
-    camera-to-world poses of the keyframes, which replace the scaled SfM ones.
+    With `--solver viba`, and `auto` where the bundle adjustment took the scale, the
+    fields carry "keyframe_poses": the refined metric camera-to-world poses of the
+    keyframes, which replace the scaled SfM ones.
     `spans`: the time spans of the parts a long session was mapped in (the IMU
     scale is also solved per part: see `_part_scales`)."""
     if opts.scale == "none":
         return 1.0, False, {}
     if opts.scale == "imu":
         assert imu is not None
+        names = [session.frame_paths[int(k)].name for k in key_pos]
         if opts.solver == "viba" and model is not None:
             from packer.slam.viba_scale import viba_scale
 
-            names = [session.frame_paths[int(k)].name for k in key_pos]
             return viba_scale(session, opts, imu, key_ts, key_T, model, names)
         readout = float(model.rolling_shutter or 0.0) if model is not None else 0.0
-        return _imu_scale(session, opts, imu, key_ts, key_T, spans, readout)
+        fit = _imu_scale(session, opts, imu, key_ts, key_T, spans, readout)
+        if opts.solver == "auto" and model is not None and not (spans and len(spans) > 1):
+            from packer.slam.viba_scale import refine_accepted
+
+            return refine_accepted(session, opts, imu, key_ts, key_T, model, names, fit)
+        return fit
     if opts.scale == "marker":
         return _marker_scale(session, opts, key_pos, key_T)
     return _known_distance_scale(session, opts, key_ts, key_T)

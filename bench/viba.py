@@ -32,8 +32,9 @@ def _keyframes(src: Path):
     from packer.slam.pipeline import _reconstruct_keyframes
 
     s = load_session(src)
-    _kpos, model, key_pos, key_T = _reconstruct_keyframes(s, SlamOptions(progress=False), lambda _x: None)
-    return s, load_imu(s), model, key_pos, key_T
+    imu = load_imu(s)  # as the stage runs it: the readout measured against the gyro, the tracks corrected
+    _kpos, model, key_pos, key_T = _reconstruct_keyframes(s, SlamOptions(progress=False), lambda _x: None, imu)
+    return s, imu, model, key_pos, key_T
 
 
 def run_session(src: Path, solvers: list[str]) -> list[dict]:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profiles", default="easy,fast,low-texture,all")
     ap.add_argument("--seeds", default="0-2", help="A-B (inclusive) or a comma list")
     ap.add_argument("--frames", type=int, default=600)
-    ap.add_argument("--solvers", default="window,viba")
+    ap.add_argument("--solvers", default="window,auto,viba")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "viba.csv")
     ap.add_argument("--log", type=Path, default=None, help="append one JSON line per session and solver")
     a = ap.parse_args(argv)

@@ -206,6 +206,24 @@ def test_a_repair_that_does_not_pass_keeps_the_gyro_refusal_and_says_what_it_fou
     assert json.loads((d / "poses.json").read_text()) == []  # the app's empty file, as synth wrote it
 
 
+def test_where_the_bundle_adjustment_refuses_the_windowed_answer_stands_and_says_why(tmp_path, monkeypatch):
+    """`--solver auto` (the default): a model the windowed solve accepted whose bundle
+    adjustment refuses keeps the windowed scale, and metadata.json names the refusal.
+    (The adjustment is made to refuse here: on the benches it has not, on such models.)"""
+    from packer.slam import viba_scale as vs
+
+    def refuses(session, *_a, **_k):
+        raise session.error("rgb/", "visual-inertial bundle adjustment failed: made to fail by the test")
+
+    monkeypatch.setattr(vs, "viba_scale", refuses)
+    d = synth_session(tmp_path, "session_2026-01-01_120005", 120, HAND_SEED, imu_offset=0.0237)
+    r = slam_session(d, fast())
+    assert r.status == "ok", r.message
+    assert r.info["solver"] == "window" and "made to fail by the test" in r.info["viba_refused"], r.info
+    assert "window_scale" not in r.info and r.info["scale"] > 0
+    assert accuracy(d)["scale_err"] < 0.02
+
+
 def test_viba_names_a_still_camera_in_the_same_words(tmp_path):
     d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")
     r = slam_session(d, fast(solver="viba"))

@@ -120,6 +120,25 @@ def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Pa
     assert abs(rep["camera"][0] / tr["true_intrinsics"][0] - 1) < 0.01  # the focal, 3% off calib.txt, found
 
 
+def test_a_plain_room_the_windowed_solve_accepts_is_scaled_by_the_bundle_adjustment(tmp_path: Path):
+    """A plain room (bench seed 8 of low texture): the windowed solve accepts the SfM
+    model and scales it 1.4% small at a 0.85% std (SfM position errors that follow the
+    motion). The default `--solver auto` keeps the windowed solve's checks and takes the
+    scale and the keyframes from the visual-inertial bundle adjustment on the same model:
+    within 0.5% (bench.viba: 0.17%), and 3 of its std."""
+    motion, fx = PROFILES["low-texture"]
+    d = synth_session(tmp_path / "raw", "session_2026-03-01_080000", 600, 1008, motion=motion, effects=fx,
+                      imu_offset=0.2 + 0.1 * ((8 * 7919) % 11) / 10)  # exactly bench.slam_hard's render
+    r = _slam_cli(tmp_path / "raw")
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    assert "gyro_repair" not in info and info["solver"] == "viba" and "viba_refused" not in info, info
+    assert abs(info["window_scale"] / info["scale"] - 1) > 0.01, info  # the windowed solve's answer, kept
+    e = _errors(d)
+    assert e["scale_err"] < 0.005 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
+    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
+
+
 def assert_never_wrong(d: Path, r: subprocess.CompletedProcess, reasons: tuple[str, ...]) -> None:
     """The bar for a hard session: accepted within 2% and 3 of its own reported std,
     or refused in one line that names one of `reasons`, without a traceback."""

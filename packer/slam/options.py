@@ -56,9 +56,10 @@ class SlamOptions:
     sfm_rel_std: float = 0.0015  # and this in quadrature: the SfM path's slow distortion, which the IMU fit's residuals
     # cannot see (with the true positions the IMU scale is within 0.07%; with the SfM's, 0.5-0.7% from the path's best
     # similarity on 10 s hand sessions whose fit std said 0.12-0.25%: glove, exposure, fast, 20 seeds each)
-    solver: str = "window"  # --scale imu: "window" (accelerometer least squares on the SfM trajectory) | "viba"
-    # (visual-inertial bundle adjustment, GTSAM: poses, landmarks, camera and scale solved with the IMU;
-    # bench/results/viba.md)
+    solver: str = "auto"  # --scale imu: "auto" (the windowed solve's checks, then the visual-inertial bundle
+    # adjustment's scale and poses: viba_scale.refine_accepted) | "window" (accelerometer least squares on the SfM
+    # trajectory alone) | "viba" (the bundle adjustment alone, GTSAM: poses, landmarks, camera and scale solved with
+    # the IMU; bench/results/viba.md)
     rolling_shutter: float | None = None  # the sensor's readout in s (0: global shutter); None: measured against the
     # gyro on the busiest 4 s (packer/slam/rolling.py); the tracks (and viba's observations) are corrected for it
     gyro_prior: bool = False  # experimental: the gyro's relative rotations as the SfM's two-view rotations, and tracks

@@ -165,4 +165,7 @@ def refine_accepted(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.nd
                                            shape_rel_std=AUTO_SHAPE_REL_STD)
     except SessionError as e:
         return window[0], window[1], {**window[2], "solver": "window", "viba_refused": e.reason}
-    return scale, metric, {**fields, "window_scale": window[0], "window_rel_std": window[2]["scale_rel_std"]}
+    # the windowed solve's own fields stay (its fit's residual, windows, explained share: the user's scripts
+    # read `residual`); what both have is the adjustment's
+    return scale, metric, {**window[2], **fields, "window_scale": window[0],
+                           "window_rel_std": window[2]["scale_rel_std"]}

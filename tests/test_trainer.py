@@ -324,6 +324,39 @@ def test_sigkill_during_checkpoint_write_keeps_the_good_one(tmp_path: Path) -> N
     assert remove_stale_temps(tmp_path) == len(temps)  # what the next `train run` does first
 
 
+_CTRL_C_AT_THE_ARCHIVE_END = """
+import gc, pathlib, sys
+import torch
+from train.checkpoint import save_checkpoint
+
+def ctrl_c(frame, event, arg):  # the signal handler's KeyboardInterrupt, at the call that ends the zip archive
+    if event == "c_call" and getattr(arg, "__name__", "") == "write_end_of_file":
+        sys.setprofile(None)
+        raise KeyboardInterrupt
+
+out = pathlib.Path(sys.argv[1])
+sys.setprofile(ctrl_c)
+try:
+    save_checkpoint({"w": torch.zeros(100)}, out / "last.pt")
+except KeyboardInterrupt:
+    print("interrupted")
+sys.setprofile(None)
+gc.collect()  # the unfinished zip writer is destroyed here, and finishes its archive
+print("left:", sorted(p.name for p in out.iterdir()))
+"""
+
+
+def test_ctrl_c_just_before_the_archive_end_neither_aborts_nor_leaves_a_file(tmp_path: Path) -> None:
+    """CI saw `train run` die of SIGABRT ('terminate called ... write to closed file')
+    after a second ctrl-C: torch.save's zip writer, left unfinished, finished its
+    archive on garbage collection into the file atomic_open had closed. The
+    interrupt is put at that exact call, deterministically."""
+    r = subprocess.run([sys.executable, "-c", _CTRL_C_AT_THE_ARCHIVE_END, str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["interrupted", "left:", "[]"], r.stdout + r.stderr[-2000:]
+
+
 def test_full_disk_during_checkpoint_is_a_quota_error_and_keeps_the_good_one(tmpfs_1m: Path) -> None:
     """A real 1 MiB tmpfs: the second checkpoint does not fit."""
     good = tmpfs_1m / "last.pt"

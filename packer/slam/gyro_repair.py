@@ -169,6 +169,9 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
     rank[order] = np.arange(len(order))
     obs = Observations(rank[m.obs_image], m.obs_point.astype(np.int64), m.obs_xy.astype(np.float64))
     seen, obs = well_seen(obs, len(order))
+    if len(seen) < 3:  # a fast hand over a plain room with the glove in view: seen once, as an IndexError
+        raise RepairFailed(f"only {len(seen)} of the {len(order)} keyframes it mapped see {MIN_OBSERVATIONS} "
+                           "points or more")
     c_m, k_sorted = c_m[seen], k_of_image[order][seen]
     gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
     res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G,

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.slam_hard import synth_seed
 from packer.effects import LOW_TEXTURE_GRAIN, PROFILES, CameraEffects
 from packer.session import load_session
 from packer.slam.interpolate import interpolate_poses
@@ -102,9 +103,7 @@ def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Pa
     (`gyro_repair`) and scaled by the visual-inertial bundle adjustment, each is accepted
     within 2% and 3 reported std, and says so."""
     motion, fx = PROFILES[profile]
-    name = f"session_2026-03-01_{seed:02d}0000"
-    d = synth_session(tmp_path / "raw", name, 600, 1000 + seed, motion=motion, effects=fx,
-                      imu_offset=0.2 + 0.1 * ((seed * 7919) % 11) / 10)  # exactly bench.slam_hard's render
+    d = synth_seed(tmp_path / "raw", seed, 600, motion, fx)
     r = _slam_cli(tmp_path / "raw")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((d / "metadata.json").read_text())["shardship"]
@@ -127,8 +126,7 @@ def test_a_plain_room_the_windowed_solve_accepts_is_scaled_by_the_bundle_adjustm
     scale and the keyframes from the visual-inertial bundle adjustment on the same model:
     within 0.5% (bench.viba: 0.17%), and 3 of its std."""
     motion, fx = PROFILES["low-texture"]
-    d = synth_session(tmp_path / "raw", "session_2026-03-01_080000", 600, 1008, motion=motion, effects=fx,
-                      imu_offset=0.2 + 0.1 * ((8 * 7919) % 11) / 10)  # exactly bench.slam_hard's render
+    d = synth_seed(tmp_path / "raw", 8, 600, motion, fx)
     r = _slam_cli(tmp_path / "raw")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((d / "metadata.json").read_text())["shardship"]
@@ -145,8 +143,7 @@ def test_a_model_that_splits_is_mapped_in_parts_and_joined_by_the_imu_at_the_def
     on the held calibration and joined across the gap by the IMU (`repaired.py`):
     accepted within 2% and 3 of its std (which carries the join's term), the parts named."""
     motion, fx = PROFILES["all"]
-    d = synth_session(tmp_path / "raw", "session_2026-03-01_100000", 600, 1010, motion=motion, effects=fx,
-                      imu_offset=0.2 + 0.1 * ((10 * 7919) % 11) / 10)  # exactly bench.slam_hard's render
+    d = synth_seed(tmp_path / "raw", 10, 600, motion, fx)
     r = _slam_cli(tmp_path / "raw")
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads((d / "metadata.json").read_text())["shardship"]
@@ -163,8 +160,7 @@ def test_a_repair_that_keeps_no_well_seen_keyframe_is_a_refusal_not_a_crash(tmp_
     keyframes GLOMAP kept saw 30 points, and the repair died of an IndexError. Now the
     session is refused in one line, the first refusal followed by what the repair found."""
     fx = CameraEffects(low_texture=LOW_TEXTURE_GRAIN, glove=True)
-    d = synth_session(tmp_path / "raw", "session_2026-03-01_040000", 600, 1004, motion="fast", effects=fx,
-                      imu_offset=0.2 + 0.1 * ((4 * 7919) % 11) / 10)
+    d = synth_seed(tmp_path / "raw", 4, 600, "fast", fx)
     r = _slam_cli(tmp_path / "raw")
     assert_never_wrong(d, r, REASONS)
 

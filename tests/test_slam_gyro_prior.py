@@ -68,3 +68,79 @@ def test_bearings_undo_the_radial_distortion():
     px = d * 400 + np.array([240.0, 180.0])
     got = gyro_prior.undistorted_bearings(px, [400.0, 240.0, 180.0, k1])
     np.testing.assert_allclose(got[:, :2], x, atol=1e-7)
+
+
+def _two_rooms(tmp_path, n_link: int = 8):
+    """14 keyframes 0.12 m and 0.08 rad apart, looking at a wall 2-3 m away; keyframes 0-6
+    see one 70-point set, 7-13 another, and only `n_link` corners (a plain stretch) are
+    seen across the gap, from keyframe 5 to 8. Images are blank 480x360 files (COLMAP
+    reads their size; the tracks are the features)."""
+    import cv2
+
+    rng = np.random.default_rng(3)
+    n_key, f, cx, cy = 14, 400.0, 240.0, 180.0
+    R_wc = np.stack([so3_exp(np.array([0.02 * np.sin(k), 0.08 * k - 0.5, 0.01 * k])) for k in range(n_key)])
+    c = np.column_stack([0.12 * np.arange(n_key) - 0.8, 0.03 * np.sin(np.arange(n_key)), np.zeros(n_key)])
+
+    def points(n, k0, k1):  # visible from keyframes k0..k1: in front of their mean view
+        k = (k0 + k1) // 2
+        local = np.column_stack([rng.uniform(-1.2, 1.2, n), rng.uniform(-0.8, 0.8, n), rng.uniform(2.0, 3.0, n)])
+        return local @ R_wc[k].T + c[k], k0, k1
+
+    sets = [points(70, 0, 6), points(70, 7, 13), points(n_link, 5, 8)]
+    names, pts, ids = [], [], []
+    blank = np.full((360, 480), 128, np.uint8)
+    for k in range(n_key):
+        name = f"{k:06d}.jpg"
+        cv2.imwrite(str(tmp_path / name), blank)
+        names.append(name)
+        xy, idk, base = [], [], 0
+        for X, k0, k1 in sets:
+            if k0 <= k <= k1:
+                Xc = (X - c[k]) @ R_wc[k]
+                xy.append(np.column_stack([f * Xc[:, 0] / Xc[:, 2] + cx, f * Xc[:, 1] / Xc[:, 2] + cy]))
+                idk.append(base + np.arange(len(X)))
+            base += len(X)
+        pts.append((np.concatenate(xy) + rng.normal(0, 0.3, (sum(map(len, xy)), 2))).astype(np.float64))
+        ids.append(np.concatenate(idk).astype(np.int64))
+    tracks = Tracks(list(range(n_key)), pts, ids, [np.zeros_like(p) for p in pts], 360)
+    return names, tracks, R_wc, c, (f, f, cx, cy)
+
+
+def test_a_plain_stretch_seen_by_few_corners_joins_the_model_when_the_gyro_gives_its_rotations(tmp_path):
+    """A gap 8 corners wide, on a real pycolmap: without the gyro the view graph needs 15
+    matches per pair and the model keeps one side of it; with the gyro's rotations a pair's
+    geometry is that rotation and a translation direction, 6 matches enter it, and one
+    model holds every keyframe in the right place (every-effect bench seeds: see
+    `colmap.GYRO_MIN_MATCHES`)."""
+    import dataclasses
+
+    from packer.slam import colmap
+    from packer.slam.rotations import umeyama
+
+    names, tracks, R_wc, c, K = _two_rooms(tmp_path)
+    opts = dataclasses.replace(colmap.SfmOptions(refine_intrinsics=False), hold_rotations=True)
+    plain = colmap.reconstruct(tmp_path, names, K, opts, tracks=tracks)
+    assert len(plain.names) <= 7
+    held = colmap.reconstruct(tmp_path, names, K, opts, tracks=dataclasses.replace(tracks, rotations=R_wc))
+    assert held.names == names
+    got = -np.einsum("nji,nj->ni", held.R_cw, held.t_cw)  # camera centres
+    s, R, t = umeyama(got, c)
+    assert np.abs(s * got @ R.T + t - c).max() < 0.01  # m, on a 1.6 m path
+
+
+def test_no_model_on_the_gyro_rotations_says_why_in_the_gyro_s_terms(tmp_path):
+    """With the gyro's rotations every pair's geometry is the gyro's, so the diagnosis
+    from the pair types ("only N pairs have parallax") would be wrong; corners that no
+    keyframe triple shares are named instead."""
+    import dataclasses
+
+    import pytest
+
+    from packer.slam import colmap
+
+    names, tracks, R_wc, _c, K = _two_rooms(tmp_path)
+    brief = [np.asarray(i) + 1000 * (k // 2) for k, i in enumerate(tracks.ids)]  # each corner: 2 keyframes
+    opts = dataclasses.replace(colmap.SfmOptions(refine_intrinsics=False), hold_rotations=True)
+    with pytest.raises(colmap.SfmError, match=r"only 0 corners are followed through 3 keyframes or more"):
+        colmap.reconstruct(tmp_path, names, K, opts, tracks=dataclasses.replace(tracks, ids=brief, rotations=R_wc))

@@ -177,7 +177,8 @@ def reconstruct(
         note(f"mapping ({opt.mapper})")
         models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=not refine, gyro_poses=gyro)
         if not models:
-            raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {_diagnose(db)}")
+            why = _gyro_diagnose(tracks) if gyro else _diagnose(db)  # type: ignore[arg-type]
+            raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {why}")
         sizes = sorted(((rec.num_reg_images(), k) for k, rec in models.items()), reverse=True)
         best = models[sizes[0][1]]
         model = _to_model(best)
@@ -237,11 +238,19 @@ def _sift_matching(pycolmap, db: Path, opt: SfmOptions) -> None:
     pycolmap.match_sequential(db, matching_options=matching, pairing_options=pairing, device=pycolmap.Device.cpu)
 
 
+MIN_MATCHES = 15  # shared tracks (then inliers) a keyframe pair needs to enter the view graph (COLMAP's default)
+GYRO_MIN_MATCHES = 6  # ... when the gyro gives its rotation (`tracks.rotations`): its two-view geometry is then the
+# gyro's rotation and a translation direction (2 matches determine it). On every-effect sessions a plain stretch
+# leaves 9-13 shared corners between consecutive keyframes; at 15 the view graph broke there and the model mapped
+# on the gyro's rotations kept 21-33 of 98 keyframes even from the true calibration (seeds 11, 21, 42); at 6, 94.
+
+
 def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], reader, tracks: Tracks,
                    opt: SfmOptions) -> None:
     """Images, tracked corners as keypoints and shared tracks as matches between
     each keyframe and the next `overlap` ones, then COLMAP's geometric verification
     (E / F / H by RANSAC: the two-view geometries GLOMAP and `_diagnose` read)."""
+    least = MIN_MATCHES if tracks.rotations is None else GYRO_MIN_MATCHES
     pycolmap.Database.open(str(db)).close()  # import_images wants the file to exist
     pycolmap.import_images(db, image_dir, pycolmap.CameraMode.SINGLE, image_names, reader)
     d = pycolmap.Database.open(str(db))
@@ -252,7 +261,7 @@ def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], 
             d.write_keypoints(iid[a], tracks.points[a])
             for b in range(a + 1, min(a + 1 + opt.overlap, len(image_names))):
                 m = tracks.matches(a, b)
-                if len(m) >= 15:
+                if len(m) >= least:
                     d.write_matches(iid[a], iid[b], m)
     finally:
         d.close()
@@ -261,6 +270,7 @@ def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], 
     two_view = pycolmap.TwoViewGeometryOptions()
     two_view.ransac.min_num_trials = opt.verify_trials
     two_view.ransac.random_seed = opt.seed
+    two_view.min_num_inliers = least
     two_view.detect_watermark = False  # a watermark moves with the image; tracked corners on one are outliers anyway
     pycolmap.geometric_verification(db, verifier, two_view_geometry_options=two_view)
 
@@ -335,6 +345,19 @@ def _diagnose(db: Path) -> str:
             "try a smaller --keyframe-step or record with more translation")
 
 
+def _gyro_diagnose(tracks: Tracks) -> str:
+    """Why no model on the gyro's rotations (every pair's geometry is the gyro's, so the
+    database's pair types say nothing): corners followed too briefly to tie three
+    keyframes, or relative poses that do not fit together."""
+    _ids, views = np.unique(np.concatenate(tracks.ids), return_counts=True)
+    long = int(np.sum(views >= 3))
+    if long < 3 * len(tracks.keyframes):
+        return (f"only {long} corners are followed through 3 keyframes or more (fast motion, blur or plain surfaces "
+                "lose them sooner)")
+    return ("the keyframe pairs' relative poses (the gyro's rotations, the tracks' directions) do not fit together: "
+            "the gyro's calibration is off, or the tracks slide")
+
+
 def _is_identity(H: np.ndarray, tol_px: float = 0.5) -> bool:
     """Homography moves the corners of a 480x360 image by less than tol_px."""
     if H.shape != (3, 3) or not np.all(np.isfinite(H)) or abs(H[2, 2]) < 1e-12:
@@ -350,6 +373,7 @@ def _map(pycolmap, db: Path, image_dir: Path, out: Path, opt: SfmOptions, fixed_
     if opt.mapper == "global":
         o = pycolmap.GlobalPipelineOptions()
         o.decompose_relative_pose = not gyro_poses  # the gyro's relative poses are in the database already
+        o.min_num_matches = GYRO_MIN_MATCHES if gyro_poses else MIN_MATCHES
         o.num_threads = SERIAL
         o.random_seed = opt.seed
         m = o.mapper

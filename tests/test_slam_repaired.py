@@ -113,3 +113,16 @@ def test_the_std_a_join_adds_is_the_scale_an_offset_there_moves():
     assert std > 0.001 and abs(s - 1) == pytest.approx(std, rel=0.02)
     assert join_rel_std(c, (), d) == 0.0
     assert join_rel_std(c, (j, j), d) == pytest.approx(std * np.sqrt(2))
+
+
+def test_a_part_placed_across_a_longer_gap_gets_a_larger_offset():
+    """`join_offsets`: JOIN_OFFSET up to JOIN_GAP, then in proportion to the gap; per-join
+    offsets in `join_rel_std` add in quadrature like equal ones."""
+    from packer.slam.repaired import JOIN_GAP, JOIN_OFFSET, join_offsets
+
+    ts = np.array([0.0, 0.1, 0.2, 0.2 + JOIN_GAP / 2, 0.3 + JOIN_GAP / 2, 0.4 + 2.5 * JOIN_GAP, 0.5 + 2.5 * JOIN_GAP])
+    assert join_offsets(ts, (3, 5)) == pytest.approx((JOIN_OFFSET, JOIN_OFFSET * (2 * JOIN_GAP + 0.1) / JOIN_GAP))
+    c = np.column_stack([np.linspace(0, 1, 7), np.sin(np.arange(7.0)), np.zeros(7)])
+    assert join_rel_std(c, (3, 5), (0.02, 0.02)) == pytest.approx(join_rel_std(c, (3, 5), 0.02))
+    one = join_rel_std(c, (5,), 0.05)
+    assert join_rel_std(c, (3, 5), (0.0, 0.05)) == pytest.approx(one)

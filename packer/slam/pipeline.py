@@ -170,7 +170,11 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         if cached is not None:
             return _cached_result(session, opts, cached)
 
-    kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages, imu)
+    partial = None  # a model that registered too few keyframes, mapped again on the gyro's rotations below
+    try:
+        kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages, imu)
+    except repaired.PartialModel as e:
+        (kpos, model, key_pos, key_T), partial = e.found, e
     key_ts = session.timestamps[key_pos]
     stages("scale")
     centres = key_T[:, :3, 3]
@@ -192,7 +196,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
-    if opts.scale != "none" and baseline < opts.min_baseline:
+    if opts.scale != "none" and baseline < opts.min_baseline and partial is None:
         raise session.error(
             "rgb/",
             f"scale refused: the camera barely translates (path spans {baseline:.2%} of the median scene depth, "
@@ -204,6 +208,8 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         ranges = chunk_ranges(len(kpos), opts.chunk_keyframes, opts.chunk_overlap)
         spans = [(float(session.timestamps[kpos[a]]), float(session.timestamps[kpos[b - 1]])) for a, b in ranges]
     try:
+        if partial is not None:
+            raise partial
         scale, metric, extra = metric_scale(session, opts, imu, key_pos, key_ts, key_T, model, spans)
     except ModelRefused as refusal:
         assert imu is not None
@@ -313,13 +319,12 @@ def _reconstruct_keyframes(
     kpos, model, key_pos, key_T = found
     reg_frac = len(key_pos) / len(kpos)
     if reg_frac < opts.min_registered or len(key_pos) < 3:
-        raise session.error(
+        raise repaired.too_few_registered(session.error(
             "rgb/",
             f"SfM registered only {len(key_pos)}/{len(kpos)} keyframes ({reg_frac:.0%}, need "
             f"{opts.min_registered:.0%}) with either front-end; other models: {model.other_models or 'none'}. "
             "Too fast for the frame rate, too blurred or too plain: record slower, with more light and more "
-            "texture in view",
-        )
+            "texture in view"), session, opts, imu, found)
     return kpos, model, key_pos, key_T
 
 

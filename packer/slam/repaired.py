@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.slam.gyro_repair import Repaired, RepairFailed, applies, gyro_repair
+from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.scale import ScaleRefused
 from packer.slam.scale_methods import ModelRefused, estimate_only
 from packer.slam.viba_scale import viba_scale
@@ -52,6 +53,9 @@ REPAIRED_IMU_CHI2 = 0.1  # the IMU factors' chi^2/dof the visual-inertial bundle
 JOIN_OFFSET = 0.03  # m, how far the IMU alone may place a part across its gap, along the direction the scale is
 # most sensitive to: the edge keyframes of both parts sat 1-1.7 cm off on seeds 10 and 40, and the joined scale of
 # 40 moved as a ~4 cm offset would (-2.6%; its parts alone -0.4% and +1.7%)
+JOIN_GAP = 0.4  # s, the gap the IMU bridged on seed 10 (+0.38%); across a longer one the later part is placed by the
+# IMU alone for longer, and its offset grows at least as the velocity error times the gap: JOIN_OFFSET grows in
+# proportion (every-effect seed 24: a 0.90 s gap, +2.5% at +-1.45% with 3 cm, refused at 6.75 cm)
 MIN_PART = 20  # keyframes (2 s at the default step): a shorter stretch the repaired model left out is not mapped
 # alone (too short for the gyro alignment and the windowed solve that start it)
 OVERLAP = 6  # keyframes of the repaired model a stretch left out is mapped with, so the two may share some
@@ -75,13 +79,45 @@ def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.
         scale, _metric, extra = viba_scale(session, opts, imu, session.timestamps[rep.key_pos], rep.key_T,
                                            rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD,
                                            imu_chi2_ref=REPAIRED_IMU_CHI2, joins=rep.joins,
-                                           join_offset=JOIN_OFFSET)
+                                           join_offset=join_offsets(session.timestamps[rep.key_pos], rep.joins))
     except (RepairFailed, SessionError) as e:
         why = e.reason if isinstance(e, SessionError) else str(e)
         raise session.error(refusal.path, f"{refusal.reason}; mapped again on the gyro's rotations, "
                             f"calibrated from the images: {why}") from None
     extra.update({"scale": scale, "gyro_repair": rep.fields})
     return rep.kpos, rep.key_pos, rep.key_T, rep.model, extra
+
+
+def join_offsets(key_ts: np.ndarray, joins: tuple[int, ...]) -> tuple[float, ...]:
+    """How far (m) the IMU may place each part across its join (`JOIN_OFFSET`, `JOIN_GAP`):
+    the gap is the time from the last keyframe before the join to the first after it."""
+    return tuple(JOIN_OFFSET * max(1.0, float(key_ts[j] - key_ts[j - 1]) / JOIN_GAP) for j in joins)
+
+
+class PartialModel(ModelRefused):
+    """A model refused for registering too few keyframes, with the gyro aligned on those it
+    did (`found`: what `pipeline._reconstruct_keyframes` returns). The second try maps every
+    keyframe again on the gyro's rotations, as for a model refused for its rotations: on a
+    plain room with the glove in view, where the first model broke into parts of 48, 20
+    and 18 of 101 keyframes (every-effect bench seed 24)."""
+
+    found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray]
+
+
+def too_few_registered(refusal: SessionError, session: Session, opts: SlamOptions, imu: Imu | None,
+                       found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray]) -> SessionError:
+    """`refusal` as a `PartialModel` the pipeline repairs when the repair applies and the
+    gyro aligns on the keyframes the model did register; else `refusal` as it is."""
+    _kpos, model, key_pos, key_T = found
+    if imu is None or not applies(opts, model):
+        return refusal
+    try:
+        al = align_imu(session.timestamps[key_pos], key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+    except AlignmentError:
+        return refusal
+    partial = PartialModel(refusal.session, refusal.path, refusal.reason, al)
+    partial.found = found
+    return partial
 
 
 def left_out(placed: np.ndarray, n: int, min_part: int = MIN_PART, overlap: int = OVERLAP) -> list[tuple[int, int]]:

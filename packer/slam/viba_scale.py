@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
                model: SfmModel, names: list[str], shape_rel_std: float = 0.0,
-               imu_chi2_ref: float | None = None, joins: tuple[int, ...] = (), join_offset: float = 0.0
-               ) -> tuple[float, bool, dict[str, Any]]:
+               imu_chi2_ref: float | None = None, joins: tuple[int, ...] = (),
+               join_offset: float | tuple[float, ...] = 0.0) -> tuple[float, bool, dict[str, Any]]:
     """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
     A model whose rotations are the gyro's (`gyro_repair`: `model.check_R_wc` holds the
     rotations its images want) is checked on those, against the window solver's limit:
@@ -37,7 +37,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     `imu_chi2_ref`: the IMU factors' chi^2/dof of a right model of this kind, the marginal
     std then grows with the root of how far above it this one's is (a Birge ratio); `joins`:
     the keyframes where a part mapped alone begins, each placed by the IMU alone to about
-    `join_offset` metres (`join_rel_std`)."""
+    `join_offset` metres (one for all, or one per join: `join_rel_std`)."""
     try:
         al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
         checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
@@ -111,15 +111,15 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     }
 
 
-def join_rel_std(centres: np.ndarray, joins: tuple[int, ...], offset: float) -> float:
+def join_rel_std(centres: np.ndarray, joins: tuple[int, ...], offset: float | tuple[float, ...]) -> float:
     """The relative std the scale gets from parts joined with an uncertain offset: an
     offset d at keyframe j moves every centre from j on, and the scale of the fit to
     the whole path by d . sum_{k>=j} (c_k - c_mean) / sum_k |c_k - c_mean|^2 (the
-    fit's derivative); `offset` m along the most sensitive direction, each join
-    independent."""
+    fit's derivative); `offset` m along the most sensitive direction (one for every
+    join, or one each), each join independent."""
     d = centres - centres.mean(0)
-    g = [np.linalg.norm(d[j:].sum(0)) for j in joins]
-    return float(offset * np.sqrt(np.sum(np.square(g))) / max(float(np.sum(d * d)), 1e-12))
+    g = np.array([np.linalg.norm(d[j:].sum(0)) for j in joins]) * np.broadcast_to(offset, (len(joins),))
+    return float(np.sqrt(np.sum(np.square(g))) / max(float(np.sum(d * d)), 1e-12))
 
 
 def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float,

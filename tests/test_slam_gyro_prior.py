@@ -107,26 +107,22 @@ def _two_rooms(tmp_path, n_link: int = 8):
     return names, tracks, R_wc, c, (f, f, cx, cy)
 
 
-def test_a_plain_stretch_seen_by_few_corners_joins_the_model_when_the_gyro_gives_its_rotations(tmp_path):
-    """A gap 8 corners wide, on a real pycolmap: without the gyro the view graph needs 15
-    matches per pair and the model keeps one side of it; with the gyro's rotations a pair's
-    geometry is that rotation and a translation direction, 6 matches enter it, and one
-    model holds every keyframe in the right place (every-effect bench seeds: see
-    `colmap.GYRO_MIN_MATCHES`)."""
+def test_a_plain_stretch_seen_by_few_corners_splits_the_model_on_the_gyro_rotations_too(tmp_path):
+    """A gap 8 corners wide, on a real pycolmap: the view graph needs 15 matches per pair
+    with the gyro's rotations as without, so the model keeps one side of it, and the
+    repair maps the other alone and joins them with a join term in the std
+    (`repaired.py`). With 6 the model held every keyframe here, but on every-effect
+    seed 11 such weak links made one model 4.6% off at +-1.18% (`colmap.MIN_MATCHES`)."""
     import dataclasses
 
     from packer.slam import colmap
-    from packer.slam.rotations import umeyama
 
     names, tracks, R_wc, c, K = _two_rooms(tmp_path)
     opts = dataclasses.replace(colmap.SfmOptions(refine_intrinsics=False), hold_rotations=True)
     plain = colmap.reconstruct(tmp_path, names, K, opts, tracks=tracks)
-    assert len(plain.names) <= 7
     held = colmap.reconstruct(tmp_path, names, K, opts, tracks=dataclasses.replace(tracks, rotations=R_wc))
-    assert held.names == names
-    got = -np.einsum("nji,nj->ni", held.R_cw, held.t_cw)  # camera centres
-    s, R, t = umeyama(got, c)
-    assert np.abs(s * got @ R.T + t - c).max() < 0.01  # m, on a 1.6 m path
+    for m in (plain, held):
+        assert 5 <= len(m.names) <= 7 and m.other_models, (m.names, m.other_models)
 
 
 def test_no_model_on_the_gyro_rotations_says_why_in_the_gyro_s_terms(tmp_path):

@@ -55,7 +55,8 @@ JOIN_OFFSET = 0.03  # m, how far the IMU alone may place a part across its gap, 
 # 40 moved as a ~4 cm offset would (-2.6%; its parts alone -0.4% and +1.7%)
 JOIN_GAP = 0.4  # s, the gap the IMU bridged on seed 10 (+0.38%); across a longer one the later part is placed by the
 # IMU alone for longer, and its offset grows at least as the velocity error times the gap: JOIN_OFFSET grows in
-# proportion (every-effect seed 24: a 0.90 s gap, +2.5% at +-1.45% with 3 cm, refused at 6.75 cm)
+# proportion (every-effect seed 24 when pairs of 6 corners entered the view graph: two parts joined across 0.90 s,
+# +2.5% at +-1.45% with 3 cm, refused at +-2.8% with 6.75 cm)
 MIN_PART = 20  # keyframes (2 s at the default step): a shorter stretch the repaired model left out is not mapped
 # alone (too short for the gyro alignment and the windowed solve that start it)
 OVERLAP = 6  # keyframes of the repaired model a stretch left out is mapped with, so the two may share some

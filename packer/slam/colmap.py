@@ -177,7 +177,7 @@ def reconstruct(
         note(f"mapping ({opt.mapper})")
         models = _map(pycolmap, db, image_dir, out, opt, fixed_intrinsics=not refine, gyro_poses=gyro)
         if not models:
-            why = _gyro_diagnose(tracks) if gyro else _diagnose(db)  # type: ignore[arg-type]
+            why = _gyro_diagnose(tracks) if gyro and tracks is not None else _diagnose(db)
             raise SfmError(f"SfM built no model from {len(image_names)} keyframes: {why}")
         sizes = sorted(((rec.num_reg_images(), k) for k, rec in models.items()), reverse=True)
         best = models[sizes[0][1]]

@@ -27,7 +27,7 @@ from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERE
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
 from packer.slam.plot import plot_session, plot_stored
-from packer.slam.scale_methods import ModelRefused, metric_scale
+from packer.slam.scale_methods import ModelRefused, baseline_reason, metric_scale
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
@@ -152,14 +152,9 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     opts.validate()
     session = load_session(path)
     name = session.name
-    if session.capture == CAPTURE_ARKIT:
-        return SlamResult(name, path, "skipped", "captureSource iphone_arkit: ARKit poses are already metric",
-                          metric=True, method="arkit")
-    if session.pose_source == "user-calibrated" and not opts.force:
-        sf = session.metadata.get("scale_factor")
-        return SlamResult(name, path, "skipped", f"poses.json calibrated by your own tools (slamProcessed, "
-                          f"scale_factor {sf:.6g}): used as they are (--force redoes them)", metric=True,
-                          method="user")
+    skipped = _skipped(session, opts, path)
+    if skipped is not None:
+        return skipped
     imu = _preflight(session, opts)
     use_imu = opts.scale == "imu"
     stat = store.input_stat(session, opts.fingerprint_options(), use_imu)
@@ -197,12 +192,7 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
     if opts.scale != "none" and baseline < opts.min_baseline and partial is None:
-        raise session.error(
-            "rgb/",
-            f"scale refused: the camera barely translates (path spans {baseline:.2%} of the median scene depth, "
-            f"need {opts.min_baseline:.1%}), so no method can recover a metric scale; record with more hand "
-            "motion, or use --scale none for unscaled poses",
-        )
+        raise session.error("rgb/", baseline_reason(baseline, opts.min_baseline))
     spans = None
     if model.chunks:  # the parts' time spans: the IMU scale is solved per part too, as a check of the joins
         ranges = chunk_ranges(len(kpos), opts.chunk_keyframes, opts.chunk_overlap)
@@ -236,6 +226,20 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     if opts.plot:
         result.plot = plot_session(session, poses, flags == REGISTERED, result.message, metric)
     return result
+
+
+def _skipped(session: Session, opts: SlamOptions, path: Path) -> SlamResult | None:
+    """The result for a session whose poses are metric already (ARKit, or the user's own
+    calibration unless --force), else None."""
+    if session.capture == CAPTURE_ARKIT:
+        return SlamResult(session.name, path, "skipped", "captureSource iphone_arkit: ARKit poses are "
+                          "already metric", metric=True, method="arkit")
+    if session.pose_source == "user-calibrated" and not opts.force:
+        sf = session.metadata.get("scale_factor")
+        return SlamResult(session.name, path, "skipped", f"poses.json calibrated by your own tools "
+                          f"(slamProcessed, scale_factor {sf:.6g}): used as they are (--force redoes them)",
+                          metric=True, method="user")
+    return None
 
 
 def _every_frame(session: Session, key_ts: np.ndarray, T: np.ndarray, imu: Imu | None, info: dict[str, Any]

@@ -149,6 +149,13 @@ def estimate_only(key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignm
                        R_ic=al.R_ic, gyro_bias=al.gyro_bias, options=relaxed)
 
 
+def baseline_reason(baseline: float, least: float) -> str:
+    """Why no method can scale a path that spans `baseline` of the scene depth (< `least`)."""
+    return (f"scale refused: the camera barely translates (path spans {baseline:.2%} of the median scene depth, "
+            f"need {least:.1%}), so no method can recover a metric scale; record with more hand motion, or use "
+            "--scale none for unscaled poses")
+
+
 def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu: Imu, al: ImuAlignment,
                     opt: ScaleOptions) -> None:
     """Before a model is refused as wrong (its rotations disagree with the gyro): if the

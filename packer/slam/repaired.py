@@ -102,7 +102,10 @@ class PartialModel(ModelRefused):
     plain room with the glove in view, where the first model broke into parts of 48, 20
     and 18 of 101 keyframes (every-effect bench seed 24)."""
 
-    found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray]
+    def __init__(self, refusal: SessionError, alignment: ImuAlignment,
+                 found: tuple[np.ndarray, colmap.SfmModel, np.ndarray, np.ndarray]):
+        super().__init__(refusal.session, refusal.path, refusal.reason, alignment)
+        self.found = found
 
 
 def too_few_registered(refusal: SessionError, session: Session, opts: SlamOptions, imu: Imu | None,
@@ -116,9 +119,7 @@ def too_few_registered(refusal: SessionError, session: Session, opts: SlamOption
         al = align_imu(session.timestamps[key_pos], key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
     except AlignmentError:
         return refusal
-    partial = PartialModel(refusal.session, refusal.path, refusal.reason, al)
-    partial.found = found
-    return partial
+    return PartialModel(refusal, al, found)
 
 
 def left_out(placed: np.ndarray, n: int, min_part: int = MIN_PART, overlap: int = OVERLAP) -> list[tuple[int, int]]:

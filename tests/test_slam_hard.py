@@ -214,6 +214,28 @@ def test_the_gloves_tracks_never_reach_the_model(tmp_path: Path):
     assert int((depth > 0).sum()) < 0.005 * len(obs)
 
 
+def test_a_plain_stretch_gets_keyframes_halfway_so_each_pair_keeps_enough_corners(tmp_path: Path):
+    """Every effect at once (bench seed 11, 4 s): looking at a plain wall, blurred, one
+    keyframe pair 0.1 s apart shared only 9 corners, under the 15 COLMAP's view graph
+    needs, and the model split there. A frame halfway that shares fewer than
+    `scarce_shared` tracks with the last keyframe becomes a keyframe too."""
+    from packer.slam.tracks import TrackOptions
+
+    motion, fx = PROFILES["all"]
+    d = synth_seed(tmp_path, 11, 240, motion, fx)
+    paths = load_session(d).frame_paths
+
+    def shared(opt: TrackOptions) -> tuple[int, list[int]]:
+        t = track_keyframes(paths, 6, opt)
+        return len(t.keyframes), [len(np.intersect1d(a, b)) for a, b in zip(t.ids, t.ids[1:])]
+
+    k0, before = shared(TrackOptions(scarce_shared=0))
+    k1, after = shared(TrackOptions())
+    assert min(before) < 15, before  # the weak pair is still in the render
+    assert min(after) >= 15, after
+    assert k0 < k1 <= 1.25 * k0  # keyframes only where the tracks are scarce
+
+
 def test_a_user_mask_keeps_corners_out(tmp_path: Path):
     import cv2
 

@@ -30,7 +30,12 @@ Keyframes are chosen by parallax: a candidate is taken every `candidate_step`
 frames, and kept when its tracks moved (median) at least `min_parallax_px` since
 the last keyframe, or `max_gap` candidates were skipped already, or too few
 tracks survived.
-A pause in the hand motion therefore costs no keyframes (and no mapping time)."""
+A pause in the hand motion therefore costs no keyframes (and no mapping time).
+Where tracks are scarce (a plain wall, blurred, the glove over a quarter of the view),
+the frame halfway to the next candidate becomes a keyframe too when it shares fewer
+than `scarce_shared` tracks with the last one: 0.1 s apart, such a pair kept 9-13
+corners, under the 15 a keyframe pair needs in COLMAP's view graph, and the model
+split there (every-effect bench seeds; 0.05 s apart, they keep 15 or more)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -58,6 +63,8 @@ class TrackOptions:
     static_px: float = 1.0  # a track that moved less than this between keyframes ...
     static_scene_px: float = 8.0  # ... while the median track moved more, moves with the camera (glove, mount)
     static_votes: int = 2  # keyframes at which it did so before it is dropped (and its place masked)
+    scarce_shared: int = 60  # halfway between candidates, a frame sharing fewer live tracks with the last keyframe
+    # becomes a keyframe too (0 = never): a plain stretch keeps each keyframe pair over COLMAP's 15 shared corners
     mask: np.ndarray | None = None  # (H, W) uint8, 0 = never detect corners here (the user's mask)
 
 
@@ -220,6 +227,7 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
     opt = opt or TrackOptions()
     n = len(paths)
     cand = set(range(0, n, candidate_step)) | {n - 1}
+    half = {c + candidate_step // 2 for c in cand} - cand if opt.scarce_shared and candidate_step >= 2 else set()
     out = Tracks()
     prev = read_gray(paths[0])
     allowed = np.full(prev.shape, 255, np.uint8) if opt.mask is None else opt.mask.copy()
@@ -236,16 +244,19 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         live.pts, live.ids = p1[good], live.ids[good]
         _fill_forward(out.velocity[-1], out.ids[-1], live.ids, step)  # corners new at the last keyframe
         prev = cur
-        if i not in cand:
+        if i not in cand and i not in half:
             continue
         good = _back_check(cur, live.pts, live.ids, anchor, opt)
+        scarce = i in half and _shared(live.ids[good], live.history[-1][0]) < opt.scarce_shared
+        if i not in cand and not scarce:
+            continue  # enough shared: wait for the candidate (the backward check then spans the whole interval)
         live.pts, live.ids, step = live.pts[good], live.ids[good], step[good]
         anchor = (cur, live.ids.copy(), live.pts.copy())
         ref_ids, ref_pts = live.history[-1]
         _c, ia, ib = np.intersect1d(live.ids, ref_ids, assume_unique=True, return_indices=True)
         parallax = float(np.median(np.linalg.norm(live.pts[ia] - ref_pts[ib], axis=1))) if len(ia) else np.inf
         survived = len(ia) / max(len(ref_ids), 1)
-        take = (i == n - 1 or parallax >= opt.min_parallax_px or skipped >= opt.max_gap
+        take = (scarce or i == n - 1 or parallax >= opt.min_parallax_px or skipped >= opt.max_gap
                 or survived < opt.min_survival or len(ia) < 0.5 * opt.max_tracks)
         if not take:
             skipped += 1
@@ -261,6 +272,10 @@ def track_keyframes(paths: Sequence[Path], candidate_step: int, opt: TrackOption
         anchor = (cur, live.ids.copy(), live.pts.copy())
         skipped = 0
     return without(out, live.bad)
+
+
+def _shared(ids: np.ndarray, ref_ids: np.ndarray) -> int:
+    return len(np.intersect1d(ids, ref_ids, assume_unique=True))
 
 
 def _fill_forward(velocity: np.ndarray, ids: np.ndarray, live_ids: np.ndarray, step: np.ndarray) -> None:

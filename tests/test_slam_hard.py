@@ -157,9 +157,11 @@ def test_a_model_that_splits_is_mapped_in_parts_and_joined_by_the_imu_at_the_def
 def test_a_model_that_registers_too_few_gets_the_second_try(tmp_path: Path):
     """Every camera effect, bench seed 24: the first model broke into parts of 48, 20 and
     18 of 101 keyframes and was refused before any gyro check, so the repair never ran.
-    Now it maps again on the gyro's rotations; that model splits too (41/97, the rest
-    mapped alone 16/57), and the refusal says both. (With pairs of 6 corners in the view
-    graph the two parts joined across 0.9 s, 2.5% off: `repaired.JOIN_GAP`.)"""
+    Now it maps again on the gyro's rotations, and the refusal says what both found
+    (session 16: that model split too, 41/97, the rest mapped alone 16/57; with the
+    keyframes halfway on plain stretches, 62/136 at first, and the second try places the
+    path too loosely, +-2.2%). (With pairs of 6 corners in the view graph the two parts
+    joined across 0.9 s, 2.5% off: `repaired.JOIN_GAP`.)"""
     motion, fx = PROFILES["all"]
     d = synth_seed(tmp_path / "raw", 24, 600, motion, fx)
     r = _slam_cli(tmp_path / "raw")

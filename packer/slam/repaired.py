@@ -13,9 +13,11 @@ REPAIRED_REL_STD is added for it; where the IMU factors fit worse than on the ri
 models (REPAIRED_IMU_CHI2), the marginal std grows with them. What the bundle
 adjustment refuses stays refused.
 
-In parts: on every-effect bench seeds 10 and 40 the model mapped on the gyro's
-rotations splits where the view turns plain; its largest part holds 47-48 of 101
-keyframes (too few), the rest is a model GLOMAP drops. Mapped alone, the keyframes
+In parts: on every-effect bench seeds 10 and 40 (keyframes 0.1 s apart) the model
+mapped on the gyro's rotations split where the view turns plain; its largest part held
+47-48 of 101 keyframes (too few), the rest is a model GLOMAP drops. With keyframes
+halfway on plain stretches (`tracks.TrackOptions.scarce_shared`) those two map whole;
+seed 21 still splits (56 keyframes of its first 5.5 s, then 49 across a 0.4 s gap). Mapped alone, the keyframes
 left out are a right model too, but the two parts share no keyframe: nothing in the
 images ties them together. The IMU does. Both parts' rotations are the same gyro's
 (one start), so only a scale and an offset lie between them: the windowed solve

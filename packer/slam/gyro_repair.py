@@ -9,7 +9,9 @@ gyro term, `scale.ModelDistorted`), or its positions as too noisy or stretched
 (`scale.ShapeRefused`) although the IMU saw enough motion. Most of such a model is
 right, so the gyro can be aligned on it, or on a 3 s window SfM, or on the KLT model
 SIFT replaced (offset, camera-IMU rotation, bias; `_start` picks the one that fits
-the tracks best). Then:
+the tracks best); where the repair from that start fails its checks, once more from the
+gyro aligned on the tracks' own rotation chain (`rotation_chain`: every-effect seed 16,
+whose only start was 100 deg off). Then:
 
 1. the tracks off the gyro's geometry go (`gyro_prior.drop_off_gyro`: the glove's
    corners, slid tracks), and GLOMAP maps again with the gyro's relative rotations as
@@ -35,6 +37,7 @@ from packer.slam import colmap
 from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations, free_rotations, gyro_bundle_adjust
 from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
 from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.rotation_chain import chain_rotations
 from packer.slam.rotations import rotation_mean, so3_log
 
 if TYPE_CHECKING:
@@ -49,6 +52,8 @@ MAX_CENTRE_STD = 5.0  # a keyframe whose centre's marginal std is over this time
 # effect seed 4's first three keyframes, 25x the median, sat 0.16-0.20 m off and made its scale refused as noisy
 MAX_FOCAL_CHANGE = 0.15  # three of GyroBaOptions.focal_prior: further from calib.txt, the adjustment fitted a wrong
 # model by bending the camera (every-effect seeds whose start was 18-180 deg off: 256-756 px for a true 412)
+CHAIN_MIN_DEG = 5.0  # the tracks' rotation chain (`rotation_chain`) is tried when the chosen start failed its
+# checks and the chain's camera-IMU rotation differs from it by more than this (else it would fail the same way)
 MIN_INLIERS = 0.8  # share of the observations within GyroBaOptions.outlier_px after the first pass; below it the
 # gyro's rotations did not fit the images (a start too far off, or a model wrong beyond its rotations)
 
@@ -98,9 +103,20 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
                                {"the refused model": al, **model.gyro_starts})
     else:
         start, starts = held[0], {"chosen": "the whole model's calibration, held"}
-    n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0,
-                                            None if held is None else held[1])
-    _check(res, cam0[0], start)
+    try:
+        n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0,
+                                                None if held is None else held[1])
+        _check(res, cam0[0], start)
+    except RepairFailed as first:
+        alt = None if held is not None else _chain_start(model.tracks, imu, ts, [cam0[0], cam0[2], cam0[3], k1])
+        if alt is None or _deg(alt.R_ic, start.R_ic) < CHAIN_MIN_DEG:
+            raise
+        start, starts = alt, {**starts, "chosen": f"the rotation chain (from {starts['chosen']}: {first})"}
+        try:
+            n, m, k_of_image, res = _map_and_adjust(session, opts, imu, model.tracks, ts, start, cam0)
+            _check(res, cam0[0], start)
+        except RepairFailed as second:
+            raise RepairFailed(f"{first}; from the tracks' rotation chain: {second}") from None
     placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
     k_of_image = k_of_image[placed]
     key_T = np.tile(np.eye(4), (int(placed.sum()), 1, 1))
@@ -217,6 +233,15 @@ def _start(model: colmap.SfmModel, imu: Imu, ts: np.ndarray, camera: list[float]
     if best is None:
         raise RepairFailed("the IMU covers too few keyframes")
     return best[1], {"epipolar_px": scores, "chosen": min(scores, key=lambda k: scores[k])}
+
+
+def _chain_start(tracks: Tracks, imu: Imu, ts: np.ndarray, camera: list[float]) -> ImuAlignment | None:
+    """The gyro aligned on the tracks' rotation chain (`rotation_chain`), or None."""
+    idx, R = chain_rotations(tracks, camera)
+    try:
+        return align_imu(ts[idx], R, imu.t, imu.gyro)
+    except AlignmentError:
+        return None
 
 
 def _deg(A: np.ndarray, B: np.ndarray) -> float:

@@ -127,3 +127,25 @@ def test_a_scale_left_uncertain_says_more_translation_only_when_the_imu_saw_litt
     assert e.value.path == "imu.json" and words in e.value.reason and "\n" not in e.value.reason, e.value.reason
     assert ("more translation" in e.value.reason) == (excitation < 5 * opts.scale_options.min_excitation)
     _check(s, opts, VibaOptions(), r, 0.015, excitation)  # within the limit: no refusal
+    if excitation >= 5 * opts.scale_options.min_excitation:  # parts the IMU alone joined make most of the std
+        with pytest.raises(SessionError) as e:
+            _check(s, opts, VibaOptions(), r, 0.021, excitation, joins=2, join_std=0.018)
+        assert "broke into 3 parts" in e.value.reason and "+-1.8%" in e.value.reason, e.value.reason
+        with pytest.raises(SessionError) as e:
+            _check(s, opts, VibaOptions(), r, 0.021, excitation, joins=1, join_std=0.005)
+        assert "parts" not in e.value.reason and words in e.value.reason, e.value.reason
+
+
+def test_a_rolling_shutter_correction_adds_its_term_to_the_std_in_proportion_up_to_a_phone_readout():
+    """`model_rel_std`: the terms add in quadrature; the readout's grows with the readout
+    the observations were corrected for, up to READOUT_REF, and is nothing without one
+    (a global shutter, or none measured)."""
+    from packer.slam.viba_scale import READOUT_REF, READOUT_REL_STD, model_rel_std
+
+    assert model_rel_std(0.003, 0.004, 0.0, READOUT_REL_STD) == pytest.approx(0.005)
+    full = model_rel_std(0.0, 0.0015, READOUT_REF, READOUT_REL_STD)
+    assert full == pytest.approx(np.hypot(0.0015, READOUT_REL_STD))
+    assert model_rel_std(0.0, 0.0015, 2 * READOUT_REF, READOUT_REL_STD) == pytest.approx(full)
+    half = model_rel_std(0.0, 0.0, READOUT_REF / 2, READOUT_REL_STD)
+    assert half == pytest.approx(READOUT_REL_STD / 2)
+    assert model_rel_std(0.0, 0.0015, READOUT_REF, 0.0) == pytest.approx(0.0015)  # a repaired model: no term

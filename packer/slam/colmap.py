@@ -74,6 +74,8 @@ class SfmModel:
     tracks: Tracks | None = None  # the KLT tracks it was built from, rolling shutter taken out (one-part models)
     gyro_starts: dict[str, Any] = field(default_factory=dict)  # other gyro alignments (`imu_align.ImuAlignment`)
     # `gyro_repair` may start from: the rolling-shutter measurement's best window SfM, the KLT model SIFT replaced
+    clusters: list[SfmModel] = field(default_factory=list)  # mapped on the gyro's rotations (`hold_rotations`):
+    # the other models GLOMAP's pruning split off, largest first (covisibility clusters; `repaired` maps them as parts)
     check_R_wc: np.ndarray | None = None  # (M,3,3) a model whose rotations are the gyro's (`gyro_repair`): the
     # rotations its images want, in the registered keyframes' time order; the gyro check is made on these
     # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points
@@ -186,6 +188,10 @@ def reconstruct(
         model.n_images = len(image_names)
         model.median_features = median_features
         model.camera = [float(v) for v in next(iter(best.cameras.values())).params]
+        if gyro and opt.hold_rotations:
+            model.clusters = [_to_model(models[k]) for _n, k in sizes[1:]]
+            for c, (_n, k) in zip(model.clusters, sizes[1:]):
+                c.camera = [float(v) for v in next(iter(models[k].cameras.values())).params]
         return model
 
 

@@ -75,6 +75,8 @@ class Repaired:
     fields: dict[str, Any]  # metadata.json's "gyro_repair"
     calibration: Calibration  # the adjustment's gyro calibration (offset, R_ic, bias) and camera [f, cx, cy, k1]
     joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repaired`): where each later part begins
+    clusters: list[colmap.SfmModel] = dataclasses.field(default_factory=list)  # the other clusters GLOMAP split off
+    # the model (`SfmModel.clusters`), on the same rotations: `repaired` adjusts them as parts (`cluster_part`)
 
 
 def applies(opts: SlamOptions, model: colmap.SfmModel) -> bool:
@@ -117,16 +119,25 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
             _check(res, cam0[0], start)
         except RepairFailed as second:
             raise RepairFailed(f"{first}; from the tracks' rotation chain: {second}") from None
+    rep = _repaired(session, kpos[:n], m, k_of_image, res, start, {
+        "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
+        "start": starts,
+        "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),  # from the refused model's alignment
+        "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
+    })
+    return dataclasses.replace(rep, clusters=m.clusters)
+
+
+def _repaired(session: Session, kpos: np.ndarray, m: colmap.SfmModel, k_of_image: np.ndarray, res: GyroBaResult,
+              start: ImuAlignment, fields: dict[str, Any]) -> Repaired:
+    """The keyframes the adjustment `res` placed well enough (MAX_CENTRE_STD), as a Repaired."""
     placed = res.centre_std <= MAX_CENTRE_STD * float(np.median(res.centre_std))
     k_of_image = k_of_image[placed]
     key_T = np.tile(np.eye(4), (int(placed.sum()), 1, 1))
     key_T[:, :3, :3], key_T[:, :3, 3] = res.R_wc[placed], res.centres[placed]
     m = _adjusted_model(m, res, placed, key_T, _rgb_names(session, kpos[k_of_image]))
     fields = {
-        "refused_gyro_disagreement": al.residual / max(al.rotation_rms, 1e-9),
-        "start": starts,
-        "R_imu_cam_change_deg": _deg(res.R_ic, al.R_ic),  # from the refused model's alignment
-        "gyro_bias_change": (res.gyro_bias - al.gyro_bias).tolist(),
+        **fields,
         "camera": list(res.camera),
         "inliers": res.inliers,
         "reprojection_rms_px": res.rms_px,
@@ -134,7 +145,26 @@ def gyro_repair(session: Session, opts: SlamOptions, imu: Imu, model: colmap.Sfm
         "left_out_keyframes": int((~placed).sum()),  # placed too loosely (MAX_CENTRE_STD)
     }
     calibration = (dataclasses.replace(start, R_ic=res.R_ic, gyro_bias=res.gyro_bias), list(res.camera))
-    return Repaired(kpos[:n], kpos[k_of_image], key_T, m, fields, calibration)
+    return Repaired(kpos, kpos[k_of_image], key_T, m, fields, calibration)
+
+
+def cluster_part(session: Session, imu: Imu, kpos: np.ndarray, calibration: Calibration,
+                 cluster: colmap.SfmModel) -> Repaired:
+    """A cluster GLOMAP split off a model mapped on the gyro's rotations (`Repaired.clusters`),
+    adjusted on that model's calibration, held: a part `repaired` joins to it. Its own
+    frame and scale (the pruning re-normalises each) are the adjustment's start only."""
+    al, camera = calibration
+    ts = session.timestamps[kpos]
+    gyro_R = gyro_rotations(imu, al, ts)
+    k_time, c_m, points, obs = _in_gyro_world(cluster, _rgb_names(session, kpos), gyro_R)
+    seen, obs = well_seen(obs, len(k_time))
+    if len(seen) < 3:
+        raise RepairFailed(f"only {len(seen)} of its {len(k_time)} keyframes see {MIN_OBSERVATIONS} points or more")
+    c_m, k_sorted = c_m[seen], k_time[seen]
+    gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
+    res = gyro_bundle_adjust(gyro, obs, c_m - c_m[0], points - c_m[0], camera, al.R_ic, al.gyro_bias, HELD)
+    _check(res, camera[0], al)
+    return _repaired(session, kpos, cluster, k_sorted, res, al, {"cluster_of": len(cluster.names)})
 
 
 def _adjusted_model(m: colmap.SfmModel, res: GyroBaResult, placed: np.ndarray, key_T: np.ndarray,
@@ -149,7 +179,7 @@ def _adjusted_model(m: colmap.SfmModel, res: GyroBaResult, placed: np.ndarray, k
     return dataclasses.replace(
         m, names=names, R_cw=R_cw, t_cw=-np.einsum("nij,nj->ni", R_cw, key_T[:, :3, 3]), points_xyz=res.points,
         obs_image=new[o.cam].astype(np.int32), obs_point=o.point.astype(np.int32), obs_xy=o.xy.astype(np.float32),
-        camera=list(res.camera), reprojection_error=res.rms_px, check_R_wc=free_rotations(res)[placed])
+        camera=list(res.camera), reprojection_error=res.rms_px, check_R_wc=free_rotations(res)[placed], clusters=[])
 
 
 def _rgb_names(session: Session, kpos: np.ndarray) -> list[str]:
@@ -174,26 +204,34 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
         m = colmap.reconstruct(session.path / "rgb", rel, session.intrinsics, sfm, tracks=held)
     except colmap.SfmError as e:
         raise RepairFailed(f"mapping on the gyro's rotations failed ({e})") from None
-    where = {name: i for i, name in enumerate(rel)}
-    k_of_image = np.array([where[name] for name in m.names])  # SfM image -> keyframe (index into rel)
-    order = np.argsort(k_of_image)
-    gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_of_image[order]])
-    R_m = np.swapaxes(m.R_cw, -1, -2)[order]  # camera-to-world, time order
-    c_m = -np.einsum("nij,nj->ni", R_m, m.t_cw[order])
-    G = rotation_mean(R_m @ np.swapaxes(gyro.rotations(al.R_ic, al.gyro_bias), -1, -2))  # model world <- gyro world
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
-    obs = Observations(rank[m.obs_image], m.obs_point.astype(np.int64), m.obs_xy.astype(np.float64))
-    seen, obs = well_seen(obs, len(order))
+    k_time, c_m, points, obs = _in_gyro_world(m, rel, held.rotations)
+    seen, obs = well_seen(obs, len(k_time))
     if len(seen) < 3:  # a fast hand over a plain room with the glove in view: seen once, as an IndexError
-        raise RepairFailed(f"only {len(seen)} of the {len(order)} keyframes it mapped see {MIN_OBSERVATIONS} "
+        raise RepairFailed(f"only {len(seen)} of the {len(k_time)} keyframes it mapped see {MIN_OBSERVATIONS} "
                            "points or more")
-    c_m, k_sorted = c_m[seen], k_of_image[order][seen]
+    c_m, k_sorted = c_m[seen], k_time[seen]
     gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
-    res = gyro_bundle_adjust(gyro, obs, (c_m - c_m[0]) @ G, (m.points_xyz - c_m[0]) @ G,
+    res = gyro_bundle_adjust(gyro, obs, c_m - c_m[0], points - c_m[0],
                              list(m.camera) if camera is None else camera, al.R_ic, al.gyro_bias,
                              GyroBaOptions() if camera is None else HELD)
     return n, m, k_sorted, res
+
+
+def _in_gyro_world(m: colmap.SfmModel, rel: list[str], gyro_R: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Observations]:
+    """(its keyframes (indices into `rel`) in time order, their centres and the points
+    turned into the gyro's world, the observations by time rank) of a model whose
+    rotations are the gyro's `gyro_R` (one per name in `rel`) up to one turn of the world."""
+    where = {name: i for i, name in enumerate(rel)}
+    k_of_image = np.array([where[name] for name in m.names])  # SfM image -> keyframe (index into rel)
+    order = np.argsort(k_of_image)
+    R_m = np.swapaxes(m.R_cw, -1, -2)[order]  # camera-to-world, time order
+    c_m = -np.einsum("nij,nj->ni", R_m, m.t_cw[order])
+    G = rotation_mean(R_m @ np.swapaxes(gyro_R[k_of_image[order]], -1, -2))  # model world <- gyro world
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    obs = Observations(rank[m.obs_image], m.obs_point.astype(np.int64), m.obs_xy.astype(np.float64))
+    return k_of_image[order], c_m @ G, m.points_xyz @ G, obs
 
 
 def _check(res: GyroBaResult, f_calib: float, al: ImuAlignment) -> None:

@@ -79,6 +79,7 @@ class VibaOptions:
     rolling_shutter: float | None = None  # s, the sensor's readout (row v at (v/H - 1/2) of it after the frame
     # time); 0: a global shutter; None: estimated (`_estimate_readout`)
     refine_camera: bool = True  # focal length and k1 solved with the poses (Cal3Bundler = SIMPLE_RADIAL)
+    gyro_bias_prior: float = 0.01  # rad/s, the std of the prior on the first keyframe's gyro bias around its start
     landmark_prior: float = 10.0  # m, a prior on every point where it starts: keeps a point seen along one ray
     # (no parallax, a corner on the glove) from making the system singular; ~1e-7 of what one observation weighs
 
@@ -164,7 +165,7 @@ def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarr
     graph.add(gsam.PriorFactorPose3(X(0), vals.atPose3(X(0)), gsam.noiseModel.Isotropic.Sigma(6, 1e-6)))
     graph.add(gsam.PriorFactorVector(V(0), pr.v[0], gsam.noiseModel.Isotropic.Sigma(3, 1.0)))
     graph.add(gsam.PriorFactorConstantBias(B(0), bias0, gsam.noiseModel.Diagonal.Sigmas(
-        np.array([0.2, 0.2, 0.2, 0.01, 0.01, 0.01]))))
+        np.array([0.2, 0.2, 0.2] + [opt.gyro_bias_prior] * 3))))
     for k in range(len(pr.key_ts) - 1):
         pim = _preintegrate(gsam, params, bias0, imu_t, acc, gyr, pr.key_ts[k], pr.key_ts[k + 1])
         graph.add(gsam.CombinedImuFactor(X(k), V(k), X(k + 1), V(k + 1), B(k), B(k + 1), pim))

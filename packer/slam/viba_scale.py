@@ -8,6 +8,7 @@ graph must be consistent (the IMU factors' chi^2, the share of observations kept
 and the marginal std small enough."""
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,8 +50,9 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
     disagree = checked.residual / max(checked.rotation_rms, 1e-9)
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
-    vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter,
-                       **({} if gyro_bias_prior is None else {"gyro_bias_prior": gyro_bias_prior}))
+    vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
+    if gyro_bias_prior is not None:
+        vopt = dataclasses.replace(vopt, gyro_bias_prior=gyro_bias_prior)
     repaired = model.check_R_wc is not None
     limit = opts.max_gyro_disagreement if repaired else vopt.max_gyro_disagreement
     if disagree > limit:

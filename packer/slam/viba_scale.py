@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.session import Imu, Session
-from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
 from packer.slam.scale import ScaleRefused, still_reason
 from packer.slam.scale_methods import estimate_only, refuse_disagreement
 from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
@@ -42,26 +42,11 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     `join_offset` metres (one for all, or one per join: `join_rel_std`); `readout_rel_std`:
     added in quadrature per READOUT_REF of rolling-shutter readout the observations were
     corrected for (the front-end's, or the adjustment's own estimate), up to READOUT_REF."""
-    try:
-        al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
-        checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
-                                                                max_offset=opts.max_imu_offset)
-    except AlignmentError as e:
-        raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
-    disagree = checked.residual / max(checked.rotation_rms, 1e-9)
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
     if gyro_bias_prior is not None:
         vopt = dataclasses.replace(vopt, gyro_bias_prior=gyro_bias_prior)
-    repaired = model.check_R_wc is not None
-    limit = opts.max_gyro_disagreement if repaired else vopt.max_gyro_disagreement
-    if disagree > limit:
-        check_T = key_T.copy()
-        if repaired:
-            check_T[:, :3, :3] = model.check_R_wc
-        words = ((f"need <= {limit:.0%}", "part of the model is wrong") if repaired else
-                 (f"the bundle adjustment repairs up to {limit:.0%}", "the model is wrong, not distorted"))
-        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options, *words)
+    al, disagree = _aligned(session, opts, vopt, imu, key_ts, key_T, model)
     try:
         sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)
     except ScaleRefused as e:
@@ -117,6 +102,30 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "viba_seconds": r.seconds,
         "confidence": float(np.clip(1.0 - rel_std / opts.scale_options.max_rel_std, 0.0, 1.0)),
     }
+
+
+def _aligned(session: Session, opts: SlamOptions, vopt: VibaOptions, imu: Imu, key_ts: np.ndarray,
+             key_T: np.ndarray, model: SfmModel) -> tuple[ImuAlignment, float]:
+    """(the gyro aligned on the keyframes, the model's gyro disagreement: on the rotations
+    its images want for a repaired model), or the session's error where the alignment
+    fails or the disagreement is over what the adjustment may start from."""
+    try:
+        al = align_imu(key_ts, key_T[:, :3, :3], imu.t, imu.gyro, max_offset=opts.max_imu_offset)
+        checked = al if model.check_R_wc is None else align_imu(key_ts, model.check_R_wc, imu.t, imu.gyro,
+                                                                max_offset=opts.max_imu_offset)
+    except AlignmentError as e:
+        raise session.error("imu.json", f"gyro/video alignment failed: {e}") from None
+    disagree = checked.residual / max(checked.rotation_rms, 1e-9)
+    repaired = model.check_R_wc is not None
+    limit = opts.max_gyro_disagreement if repaired else vopt.max_gyro_disagreement
+    if disagree > limit:
+        check_T = key_T.copy()
+        if repaired:
+            check_T[:, :3, :3] = model.check_R_wc
+        words = ((f"need <= {limit:.0%}", "part of the model is wrong") if repaired else
+                 (f"the bundle adjustment repairs up to {limit:.0%}", "the model is wrong, not distorted"))
+        refuse_disagreement(session, key_ts, check_T, imu, checked, opts.scale_options, *words)
+    return al, disagree
 
 
 def model_rel_std(gyro_term: float, shape_rel_std: float, readout: float, readout_rel_std: float) -> float:

@@ -187,11 +187,8 @@ def reconstruct(
         model.other_models = [n for n, _k in sizes[1:]]
         model.n_images = len(image_names)
         model.median_features = median_features
-        model.camera = [float(v) for v in next(iter(best.cameras.values())).params]
         if gyro and opt.hold_rotations:
             model.clusters = [_to_model(models[k]) for _n, k in sizes[1:]]
-            for c, (_n, k) in zip(model.clusters, sizes[1:]):
-                c.camera = [float(v) for v in next(iter(models[k].cameras.values())).params]
         return model
 
 
@@ -446,4 +443,5 @@ def _to_model(rec) -> SfmModel:
         obs_image=np.asarray(obs_i, dtype=np.int32),
         obs_point=np.asarray(obs_p, dtype=np.int32),
         obs_xy=np.asarray(obs_xy, dtype=np.float32).reshape(-1, 2),
+        camera=[float(v) for v in next(iter(rec.cameras.values())).params],
     )

@@ -156,13 +156,7 @@ def cluster_part(session: Session, imu: Imu, kpos: np.ndarray, calibration: Cali
     al, camera = calibration
     ts = session.timestamps[kpos]
     gyro_R = gyro_rotations(imu, al, ts)
-    k_time, c_m, points, obs = _in_gyro_world(cluster, _rgb_names(session, kpos), gyro_R)
-    seen, obs = well_seen(obs, len(k_time))
-    if len(seen) < 3:
-        raise RepairFailed(f"only {len(seen)} of its {len(k_time)} keyframes see {MIN_OBSERVATIONS} points or more")
-    c_m, k_sorted = c_m[seen], k_time[seen]
-    gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
-    res = gyro_bundle_adjust(gyro, obs, c_m - c_m[0], points - c_m[0], camera, al.R_ic, al.gyro_bias, HELD)
+    k_sorted, res = _adjust(imu, al, ts, cluster, _rgb_names(session, kpos), gyro_R, camera, HELD)
     _check(res, camera[0], al)
     return _repaired(session, kpos, cluster, k_sorted, res, al, {"cluster_of": len(cluster.names)})
 
@@ -204,17 +198,25 @@ def _map_and_adjust(session: Session, opts: SlamOptions, imu: Imu, tracks: Track
         m = colmap.reconstruct(session.path / "rgb", rel, session.intrinsics, sfm, tracks=held)
     except colmap.SfmError as e:
         raise RepairFailed(f"mapping on the gyro's rotations failed ({e})") from None
-    k_time, c_m, points, obs = _in_gyro_world(m, rel, held.rotations)
+    assert held.rotations is not None
+    k_sorted, res = _adjust(imu, al, ts, m, rel, held.rotations, list(m.camera) if camera is None else camera,
+                            GyroBaOptions() if camera is None else HELD)
+    return n, m, k_sorted, res
+
+
+def _adjust(imu: Imu, al: ImuAlignment, ts: np.ndarray, m: colmap.SfmModel, rel: list[str], gyro_R: np.ndarray,
+            camera: list[float], opt: GyroBaOptions) -> tuple[np.ndarray, GyroBaResult]:
+    """(the well-seen keyframes (indices into `rel`) in time order, the gyro-calibrated
+    adjustment of them) of a model mapped on the gyro's rotations `gyro_R` (`_in_gyro_world`)."""
+    k_time, c_m, points, obs = _in_gyro_world(m, rel, gyro_R)
     seen, obs = well_seen(obs, len(k_time))
     if len(seen) < 3:  # a fast hand over a plain room with the glove in view: seen once, as an IndexError
         raise RepairFailed(f"only {len(seen)} of the {len(k_time)} keyframes it mapped see {MIN_OBSERVATIONS} "
                            "points or more")
     c_m, k_sorted = c_m[seen], k_time[seen]
     gyro = Gyro(imu.t - al.offset, imu.gyro, ts[k_sorted])
-    res = gyro_bundle_adjust(gyro, obs, c_m - c_m[0], points - c_m[0],
-                             list(m.camera) if camera is None else camera, al.R_ic, al.gyro_bias,
-                             GyroBaOptions() if camera is None else HELD)
-    return n, m, k_sorted, res
+    return k_sorted, gyro_bundle_adjust(gyro, obs, c_m - c_m[0], points - c_m[0], camera, al.R_ic, al.gyro_bias,
+                                        opt)
 
 
 def _in_gyro_world(m: colmap.SfmModel, rel: list[str], gyro_R: np.ndarray

@@ -157,12 +157,17 @@ def _in_parts(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmMo
     """`rep` with the clusters GLOMAP split off it (`cluster_part`), or else the stretches
     it left out mapped alone from the same start (`_left_out_parts`), joined to it
     (`join_parts`); RepairFailed when the whole registers too few."""
+    def placed(parts: list[Repaired]) -> int:
+        return len(np.unique(np.concatenate([p.key_pos for p in parts])))
+
+    def enough(parts: list[Repaired]) -> bool:
+        return len(parts) > 1 and placed(parts) >= opts.min_registered * len(rep.kpos)
+
     parts = _cluster_parts(session, imu, rep)
-    n_placed = len(np.unique(np.concatenate([p.key_pos for p in parts])))
-    if len(parts) == 1 or n_placed < opts.min_registered * len(rep.kpos):
+    if not enough(parts):
         parts = _left_out_parts(session, opts, imu, model, al, rep)
-        n_placed = len(np.unique(np.concatenate([p.key_pos for p in parts])))
-    if len(parts) == 1 or n_placed < opts.min_registered * len(rep.kpos):
+    n_placed = placed(parts)
+    if not enough(parts):
         raise RepairFailed(f"it registered only {n_placed}/{len(rep.kpos)} keyframes"
                            + ("" if len(parts) == 1 else " with the rest mapped in parts"))
     scales = [_part_scale(session, opts, imu, p) for p in parts]

@@ -104,7 +104,8 @@ def test_the_std_a_join_adds_is_the_scale_an_offset_there_moves():
     rng = np.random.default_rng(3)
     c = np.cumsum(rng.normal(0, 0.02, (80, 3)), axis=0)
     j, d = 50, 0.01
-    std = join_rel_std(c, (j,), d)
+    after = np.arange(80) >= j
+    std = join_rel_std(c, (after,), d)
     dev = c - c.mean(0)
     g = dev[j:].sum(0)
     moved = c.copy()
@@ -112,7 +113,14 @@ def test_the_std_a_join_adds_is_the_scale_an_offset_there_moves():
     s, _R, _t = umeyama(c, moved)
     assert std > 0.001 and abs(s - 1) == pytest.approx(std, rel=0.02)
     assert join_rel_std(c, (), d) == 0.0
-    assert join_rel_std(c, (j, j), d) == pytest.approx(std * np.sqrt(2))
+    assert join_rel_std(c, (after, after), d) == pytest.approx(std * np.sqrt(2))
+    # a part the IMU placed between two the images tie: its offset moves it alone
+    middle = (np.arange(80) >= 30) & (np.arange(80) < 50)
+    g = dev[middle].sum(0)
+    moved = c.copy()
+    moved[middle] += d * g / np.linalg.norm(g)
+    s, _R, _t = umeyama(c, moved)
+    assert abs(s - 1) == pytest.approx(join_rel_std(c, (middle,), d), rel=0.02)
 
 
 def test_a_part_placed_across_a_longer_gap_gets_a_larger_offset():
@@ -123,6 +131,7 @@ def test_a_part_placed_across_a_longer_gap_gets_a_larger_offset():
     ts = np.array([0.0, 0.1, 0.2, 0.2 + JOIN_GAP / 2, 0.3 + JOIN_GAP / 2, 0.4 + 2.5 * JOIN_GAP, 0.5 + 2.5 * JOIN_GAP])
     assert join_offsets(ts, (3, 5)) == pytest.approx((JOIN_OFFSET, JOIN_OFFSET * (2 * JOIN_GAP + 0.1) / JOIN_GAP))
     c = np.column_stack([np.linspace(0, 1, 7), np.sin(np.arange(7.0)), np.zeros(7)])
-    assert join_rel_std(c, (3, 5), (0.02, 0.02)) == pytest.approx(join_rel_std(c, (3, 5), 0.02))
-    one = join_rel_std(c, (5,), 0.05)
-    assert join_rel_std(c, (3, 5), (0.0, 0.05)) == pytest.approx(one)
+    at3, at5 = np.arange(7) >= 3, np.arange(7) >= 5
+    assert join_rel_std(c, (at3, at5), (0.02, 0.02)) == pytest.approx(join_rel_std(c, (at3, at5), 0.02))
+    one = join_rel_std(c, (at5,), 0.05)
+    assert join_rel_std(c, (at3, at5), (0.0, 0.05)) == pytest.approx(one)

@@ -74,7 +74,9 @@ class Repaired:
     model: colmap.SfmModel  # the re-mapped model: camera, reprojection error, check_R_wc from the adjustment
     fields: dict[str, Any]  # metadata.json's "gyro_repair"
     calibration: Calibration  # the adjustment's gyro calibration (offset, R_ic, bias) and camera [f, cx, cy, k1]
-    joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repaired`): where each later part begins
+    joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repaired`): where each later part the IMU alone
+    # places begins (parts the images tie are one piece: `part_links.imu_joins`)
+    moves: tuple[np.ndarray, ...] = ()  # per join, the keyframes its placement moves
     clusters: list[colmap.SfmModel] = dataclasses.field(default_factory=list)  # the other clusters GLOMAP split off
     # the model (`SfmModel.clusters`), on the same rotations: `repaired` adjusts them as parts (`cluster_part`)
 

@@ -42,6 +42,8 @@ import numpy as np
 
 from packer.slam.gyro_repair import Repaired, RepairFailed, applies, cluster_part, gyro_repair
 from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.part_links import imu_joins, link_parts, segments, shared_points
+from packer.slam.revisits import corner_features, renamed, same_tracks
 from packer.slam.scale import ScaleRefused
 from packer.slam.scale_methods import ModelRefused, estimate_only
 from packer.slam.viba_scale import viba_scale
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from packer.slam import colmap
     from packer.slam.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
+    from packer.slam.tracks import Tracks
 
 REPAIRED_REL_STD = 0.006  # in the std (quadrature) of a repaired model's scale, for the shape the images leave in
 # it: the errors of the 23 repaired bench sessions had an RMS of 0.6%, the bundle adjustment's own std 0.2%
@@ -71,6 +74,9 @@ JOIN_GAP = 0.4  # s, the gap the IMU bridged on seed 10 (+0.38%); across a longe
 # IMU alone for longer, and its offset grows at least as the velocity error times the gap: JOIN_OFFSET grows in
 # proportion (every-effect seed 24 when pairs of 6 corners entered the view graph: two parts joined across 0.90 s,
 # +2.5% at +-1.45% with 3 cm, refused at +-2.8% with 6.75 cm)
+MIN_LINKS = 20  # points two parts both see (`part_links`) that make them one piece in the images, with no join term:
+# where revisits tied the parts of every-effect seeds 12, 42, 21 and 24, each two shared 61-236 (and one track across a
+# join, unmatched, gave 2-10)
 MIN_PART = 20  # keyframes (2 s at the default step): a shorter stretch the repaired model left out is not mapped
 # alone (too short for the gyro alignment and the windowed solve that start it)
 OVERLAP = 6  # keyframes of the repaired model a stretch left out is mapped with, so the two may share some
@@ -93,7 +99,7 @@ def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.
             rep = _in_parts(session, opts, imu, model, refusal.alignment, rep)
         scale, _metric, extra = viba_scale(session, opts, imu, session.timestamps[rep.key_pos], rep.key_T,
                                            rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD,
-                                           imu_chi2_ref=REPAIRED_IMU_CHI2, joins=rep.joins,
+                                           imu_chi2_ref=REPAIRED_IMU_CHI2, joins=rep.moves,
                                            join_offset=join_offsets(session.timestamps[rep.key_pos], rep.joins),
                                            gyro_bias_prior=REPAIRED_GYRO_BIAS_PRIOR)
     except (RepairFailed, SessionError) as e:
@@ -173,13 +179,31 @@ def _in_parts(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmMo
     scales = [_part_scale(session, opts, imu, p) for p in parts]
     key_pos, key_T, m, how, joins = join_parts(session.timestamps, [(p.key_pos, p.key_T, p.model) for p in parts],
                                                scales)
+    assert model.tracks is not None
+    m, shared, same, by_imu = _linked(session, model.tracks, key_pos, m, joins, rep.calibration[1])
     fields = {**rep.fields, "parts": [{"frames": [int(p.key_pos[0]), int(p.key_pos[-1])],
                                        "registered": len(p.key_pos), "scale_start": s, "joined": h,
                                        **({"cluster_of": p.fields["cluster_of"]} if "cluster_of" in p.fields
                                           else {})}
-                                      for p, s, h in zip(parts, scales, how)]}
+                                      for p, s, h in zip(parts, scales, how)],
+              "shared_points": shared.tolist(), "revisited_tracks": same}
     return Repaired(rep.kpos, key_pos, key_T, dataclasses.replace(m, camera=rep.model.camera), fields,
-                    rep.calibration, joins)
+                    rep.calibration, tuple(j for j, _m in by_imu), tuple(m for _j, m in by_imu))
+
+
+def _linked(session: Session, tracks: Tracks, key_pos: np.ndarray, m: colmap.SfmModel, joins: tuple[int, ...],
+            camera: list[float]) -> tuple[colmap.SfmModel, np.ndarray, int, list[tuple[int, np.ndarray]]]:
+    """(the joined model `m` with its parts tied where the images tie them: tracks across
+    a join, the same corners seen again (`revisits`); the points each two parts share;
+    how many tracks were found the same; the joins the IMU alone places, `part_links.imu_joins`)."""
+    seg = segments(len(key_pos), joins)
+    R_wc = np.swapaxes(m.R_cw, -1, -2)
+    feats = corner_features([session.frame_paths[int(k)] for k in key_pos], tracks, key_pos,
+                            m.rolling_shutter or 0.0, session.fps)
+    same = same_tracks(feats, R_wc, seg, camera)
+    m = link_parts(m, key_pos, renamed(tracks, same), joins)
+    shared = shared_points(m.obs_image, m.obs_point, seg)
+    return m, shared, len(same), imu_joins(shared, joins, seg, MIN_LINKS)
 
 
 def _cluster_parts(session: Session, imu: Imu, rep: Repaired) -> list[Repaired]:

@@ -66,11 +66,18 @@ def corrected(tracks: Tracks, readout: float, fps: float) -> Tracks:
     time would have seen it (module docstring). readout in s; 0 returns `tracks`."""
     if readout <= 0 or not tracks.velocity or tracks.height <= 0:
         return tracks
-    pts = []
-    for p, v in zip(tracks.points, tracks.velocity):
-        dt_frames = (p[:, 1] / tracks.height - 0.5) * readout * fps  # this row's delay, in frames
-        pts.append((p - _filled(p, v) * dt_frames[:, None]).astype(np.float32))
+    pts = [(p - readout_shift(p, v, tracks.height, readout, fps)).astype(np.float32)
+           for p, v in zip(tracks.points, tracks.velocity)]
     return dataclasses.replace(tracks, points=pts)
+
+
+def readout_shift(points: np.ndarray, velocity: np.ndarray, height: int, readout: float, fps: float) -> np.ndarray:
+    """(n,2) px each corner moved while its row waited to be read: the image velocity
+    (`_filled`) times the row's delay from the frame time, (y / height - 1/2) readout.
+    Taken off to correct a track; added back (to first order) to find the corner in
+    the image as recorded (`revisits`)."""
+    dt_frames = (points[:, 1] / height - 0.5) * readout * fps  # this row's delay, in frames
+    return _filled(points, velocity) * dt_frames[:, None]
 
 
 def edge_shift_px(tracks: Tracks, readout: float, fps: float) -> float:

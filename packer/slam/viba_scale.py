@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray, key_T: np.ndarray,
                model: SfmModel, names: list[str], shape_rel_std: float = 0.0,
-               imu_chi2_ref: float | None = None, joins: tuple[int, ...] = (),
+               imu_chi2_ref: float | None = None, joins: tuple[np.ndarray, ...] = (),
                join_offset: float | tuple[float, ...] = 0.0, readout_rel_std: float = 0.0,
                gyro_bias_prior: float | None = None) -> tuple[float, bool, dict[str, Any]]:
     """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
@@ -38,8 +38,9 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     added to the std in quadrature, for what the marginal covariance does not see;
     `imu_chi2_ref`: the IMU factors' chi^2/dof of a right model of this kind, the marginal
     std then grows with the root of how far above it this one's is (a Birge ratio); `joins`:
-    the keyframes where a part mapped alone begins, each placed by the IMU alone to about
-    `join_offset` metres (one for all, or one per join: `join_rel_std`); `readout_rel_std`:
+    per join of parts the IMU alone places, which keyframes its placement moves
+    (`part_links.imu_joins`), each by about `join_offset` metres (one for all, or one per
+    join: `join_rel_std`); `readout_rel_std`:
     added in quadrature per READOUT_REF of rolling-shutter readout the observations were
     corrected for (the front-end's, or the adjustment's own estimate), up to READOUT_REF."""
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
@@ -136,14 +137,14 @@ def model_rel_std(gyro_term: float, shape_rel_std: float, readout: float, readou
     return float(np.linalg.norm([gyro_term, shape_rel_std, readout_std]))
 
 
-def join_rel_std(centres: np.ndarray, joins: tuple[int, ...], offset: float | tuple[float, ...]) -> float:
+def join_rel_std(centres: np.ndarray, joins: tuple[np.ndarray, ...], offset: float | tuple[float, ...]) -> float:
     """The relative std the scale gets from parts joined with an uncertain offset: an
-    offset d at keyframe j moves every centre from j on, and the scale of the fit to
-    the whole path by d . sum_{k>=j} (c_k - c_mean) / sum_k |c_k - c_mean|^2 (the
+    offset d that moves the centres `joins[j]` (a mask) moves the scale of the fit to
+    the whole path by d . sum_{k moved} (c_k - c_mean) / sum_k |c_k - c_mean|^2 (the
     fit's derivative); `offset` m along the most sensitive direction (one for every
     join, or one each), each join independent."""
     d = centres - centres.mean(0)
-    g = np.array([np.linalg.norm(d[j:].sum(0)) for j in joins]) * np.broadcast_to(offset, (len(joins),))
+    g = np.array([np.linalg.norm(d[m].sum(0)) for m in joins]) * np.broadcast_to(offset, (len(joins),))
     return float(np.sqrt(np.sum(np.square(g))) / max(float(np.sum(d * d)), 1e-12))
 
 

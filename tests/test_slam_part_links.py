@@ -60,7 +60,9 @@ def test_one_track_in_two_parts_becomes_one_point_seen_across_the_join():
 def test_without_a_join_or_a_shared_track_nothing_changes():
     tr = _tracks()
     m = _model(tr, [(0, 0, 5), (1, 0, 5), (2, 1, 7), (3, 1, 7)], 2)
-    assert link_parts(m, np.array([0, 6, 12, 18]), tr, ()) is m
+    same = link_parts(m, np.array([0, 6, 12, 18]), tr, ())  # one part, no track seen twice: nothing to merge
+    for f in ("points_xyz", "obs_image", "obs_point", "obs_xy"):
+        assert np.array_equal(getattr(same, f), getattr(m, f)), f
     # track 5 is not seen after the join; point 1 (track 7, part B) gains its part-A pixels: that one link
     linked = link_parts(m, np.array([0, 6, 12, 18]), tr, (2,))
     assert shared_points(linked.obs_image, linked.obs_point, segments(4, (2,)))[0, 1] == 1

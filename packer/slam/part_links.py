@@ -65,7 +65,7 @@ def link_parts(model: SfmModel, key_pos: np.ndarray, tracks: Tracks, joins: tupl
     pixels in the other parts' keyframes added. `model`: images in time order
     (`key_pos`), `joins` the index of each later part's first image; `tracks` with
     the ids of one corner made one (`revisits.renamed`)."""
-    if not joins or not len(model.obs_image):
+    if not len(model.obs_image):
         return model
     obs_track = observation_tracks(model.obs_image, model.obs_xy, key_pos, tracks)
     p_track = point_tracks(model.obs_point, obs_track, len(model.points_xyz))

@@ -32,7 +32,13 @@ alone, in a frame of its own), each adjusted on the model's calibration
 (`gyro_repair.cluster_part`); only when those register too few are the stretches left
 out mapped again alone. Mapped again, seed 12's left-out 91 keyframes split into
 clusters again (53, 28, 10); its clusters from the first mapping (70, 53, 28 of 151)
-register 116 and are joined at two gaps of 0.3 s."""
+register 116 and are joined at two gaps of 0.3 s.
+
+Then the images tie what they can (`_linked`): a track that crosses a gap, and the same
+corners seen again from another part (`revisits`), merge points across parts
+(`part_links`); parts that share MIN_LINKS points are one piece, and only a piece the
+images do not tie keeps a join term. Seed 12's three parts came to share 63-72 points
+each: -0.37% at +-0.68% (joined by the IMU alone, +0.30% at +-2.2%: refused)."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +49,7 @@ import numpy as np
 from packer.slam.gyro_repair import Repaired, RepairFailed, applies, cluster_part, gyro_repair
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.part_links import imu_joins, link_parts, segments, shared_points
-from packer.slam.revisits import corner_features, renamed, same_tracks
+from packer.slam.revisits import LOOP_APART_S, corner_features, renamed, same_tracks
 from packer.slam.scale import ScaleRefused
 from packer.slam.scale_methods import ModelRefused, estimate_only
 from packer.slam.viba_scale import viba_scale
@@ -97,6 +103,8 @@ def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.
         rep = gyro_repair(session, opts, imu, model, refusal.alignment)
         if len(rep.key_pos) < max(3, opts.min_registered * len(rep.kpos)):
             rep = _in_parts(session, opts, imu, model, refusal.alignment, rep)
+        else:
+            rep = _closed(session, model, rep)
         scale, _metric, extra = viba_scale(session, opts, imu, session.timestamps[rep.key_pos], rep.key_T,
                                            rep.model, rep.model.names, shape_rel_std=REPAIRED_REL_STD,
                                            imu_chi2_ref=REPAIRED_IMU_CHI2, joins=rep.moves,
@@ -200,10 +208,17 @@ def _linked(session: Session, tracks: Tracks, key_pos: np.ndarray, m: colmap.Sfm
     R_wc = np.swapaxes(m.R_cw, -1, -2)
     feats = corner_features([session.frame_paths[int(k)] for k in key_pos], tracks, key_pos,
                             m.rolling_shutter or 0.0, session.fps)
-    same = same_tracks(feats, R_wc, seg, camera)
+    same = same_tracks(feats, R_wc, seg, camera, key_ts=session.timestamps[key_pos], apart=LOOP_APART_S)
     m = link_parts(m, key_pos, renamed(tracks, same), joins)
     shared = shared_points(m.obs_image, m.obs_point, seg)
     return m, shared, len(same), imu_joins(shared, joins, seg, MIN_LINKS)
+
+
+def _closed(session: Session, model: colmap.SfmModel, rep: Repaired) -> Repaired:
+    """`rep` (one piece) with the corners it sees again later made one (`revisits`)."""
+    assert model.tracks is not None
+    m, _shared, same, _imu = _linked(session, model.tracks, rep.key_pos, rep.model, (), rep.calibration[1])
+    return dataclasses.replace(rep, model=m, fields={**rep.fields, "revisited_tracks": same})
 
 
 def _cluster_parts(session: Session, imu: Imu, rep: Repaired) -> list[Repaired]:

@@ -37,6 +37,7 @@ MAX_EPIPOLAR_PX = 2.0  # a match must lie this close to its epipolar line under 
 MIN_INLIERS = 12  # verified matches a pair of keyframes needs before any of them counts (chance gives ~5 of 40)
 TRIALS = 64  # translation hypotheses (two matches each) per pair
 DESCRIPTOR_PX = 12.0  # SIFT keypoint size at a tracked corner
+LOOP_APART_S = 2.0  # within one part, keyframes this far apart in time are compared too (a loop closed)
 
 
 Features = tuple[np.ndarray, np.ndarray, np.ndarray]  # (pixels as tracked, track ids, SIFT descriptors)
@@ -67,19 +68,28 @@ def corner_features(paths: list[Path], tracks: Tracks, key_pos: np.ndarray, read
     return out
 
 
-def candidate_pairs(R_wc: np.ndarray, seg: np.ndarray, max_deg: float = MAX_TURN_DEG) -> list[tuple[int, int]]:
-    """Pairs (a, b), a < b, of keyframes in different parts (`seg`) that look the same
-    way: for each keyframe, the keyframe of each other part whose rotation is nearest
-    its own, if within `max_deg`."""
+def candidate_pairs(R_wc: np.ndarray, seg: np.ndarray, max_deg: float = MAX_TURN_DEG,
+                    key_ts: np.ndarray | None = None, apart: float = np.inf) -> list[tuple[int, int]]:
+    """Pairs (a, b), a < b, of keyframes that look the same way, in different parts
+    (`seg`) or, with `key_ts`, `apart` seconds or more apart in one part: for each
+    keyframe, the nearest in rotation of each other part (and of each `apart`-long
+    stretch of time), if within `max_deg`."""
+    ts = np.zeros(len(seg)) if key_ts is None else np.asarray(key_ts, np.float64)
+    stretch = np.zeros(len(seg), np.int64) if key_ts is None or not np.isfinite(apart) else \
+        np.floor((ts - ts[0]) / apart).astype(np.int64)
+    group = seg.astype(np.int64) * (int(stretch.max(initial=0)) + 1) + stretch
     pairs = set()
-    for q in np.unique(seg):
-        others = np.flatnonzero(seg == q)
-        for a in np.flatnonzero(seg != q):
+    for g in np.unique(group):
+        members = np.flatnonzero(group == g)
+        for a in range(len(seg)):
+            others = members[(seg[members] != seg[a]) | (np.abs(ts[members] - ts[a]) >= apart)]
+            if not len(others):
+                continue
             rel = np.einsum("ji,njk->nik", R_wc[a], R_wc[others])
             deg = np.degrees(np.linalg.norm(so3_log(rel), axis=1))
             j = int(np.argmin(deg))
             if deg[j] <= max_deg:
-                pairs.add((min(int(a), int(others[j])), max(int(a), int(others[j]))))
+                pairs.add((min(a, int(others[j])), max(a, int(others[j]))))
     return sorted(pairs)
 
 
@@ -117,9 +127,10 @@ def verified(xa: np.ndarray, xb: np.ndarray, R: np.ndarray, f: float, rng: np.ra
 
 
 def same_tracks(features: list[Features], R_wc: np.ndarray, seg: np.ndarray, camera: list[float],
-                seed: int = 0) -> dict[int, int]:
-    """{track id: the id it is the same corner as} for the tracks of different parts
-    that verified matches join (each id maps to the smallest of its group)."""
+                key_ts: np.ndarray | None = None, apart: float = np.inf, seed: int = 0) -> dict[int, int]:
+    """{track id: the id it is the same corner as} for the tracks of keyframes of
+    different parts (or `apart` s apart: `candidate_pairs`) that verified matches join
+    (each id maps to the smallest of its group)."""
     rng = np.random.default_rng(seed)
     parent: dict[int, int] = {}
 
@@ -128,7 +139,7 @@ def same_tracks(features: list[Features], R_wc: np.ndarray, seg: np.ndarray, cam
             x = parent[x]
         return x
 
-    for a, b in candidate_pairs(R_wc, seg):
+    for a, b in candidate_pairs(R_wc, seg, MAX_TURN_DEG, key_ts, apart):
         (pa, ia, da), (pb, ib, db) = features[a], features[b]
         m = mutual_matches(da, db)
         if len(m) < MIN_INLIERS:

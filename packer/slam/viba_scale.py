@@ -170,7 +170,8 @@ def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult
             raise session.error("imu.json", f"{head}, although the IMU sees enough motion ({excitation:.2f} m/s^2 "
                                 f"RMS): the video broke into {joins + 1} parts that nothing in the images ties "
                                 f"together, placed by the IMU alone (+-{join_std:.1%} of it): record with more "
-                                "texture and light in view, and turn more slowly where the view is plain")
+                                "texture and light in view, turn more slowly where the view is plain, and come "
+                                "back past what you filmed before")
         if excitation >= 5 * opts.scale_options.min_excitation:
             raise session.error("imu.json", f"{head}, although the IMU sees enough motion ({excitation:.2f} m/s^2 "
                                 "RMS): the images place the path too loosely (few or weak features: record with "

@@ -112,6 +112,7 @@ def test_a_model_refused_for_its_rotations_is_repaired_and_accepted(tmp_path: Pa
     assert info["frontend_used"] == "klt, mapped again on the gyro's rotations"
     assert "scaled by the visual-inertial bundle adjustment" in r.stdout, r.stdout
     assert info["solver"] == "viba" and info["viba_imu_chi2"] < 2 and info["scale_model_rel_std"] >= 0.006, info
+    assert rep["revisited_tracks"] > 0, rep  # its loops closed where the view came back (`revisits`)
     e = _errors(d)
     assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e

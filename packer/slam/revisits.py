@@ -9,7 +9,9 @@ descriptors at the tracked corners of keyframes from different parts looking the
 same way (the parts share the gyro's world, so "the same way" is known) matched 30+
 corners per pair, verified against the gyro's relative rotation. Such matches make
 the two tracks one (as ORB-SLAM3 merges its maps on a revisit, here with the gyro's
-rotation as the place prior), and `part_links` ties the parts through them.
+rotation as the place prior), and `part_links` ties the parts through them. Within one
+part the same search between keyframes LOOP_APART_S or more apart closes its loops:
+a model built from short tracks drifts, and the corners seen again pull it back.
 
 Descriptors are computed where the corner was in the image as recorded: the tracks
 are corrected for the rolling shutter (`rolling.readout_shift`), up to ~8 px at the

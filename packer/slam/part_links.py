@@ -31,7 +31,7 @@ def observation_tracks(obs_image: np.ndarray, obs_xy: np.ndarray, key_pos: np.nd
     """Per observation, the id of the track it is a pixel of (-1 where none is):
     `obs_image` indexes `key_pos` (frame positions, as `tracks.keyframes`)."""
     out = np.full(len(obs_image), -1, np.int64)
-    where = {int(k): i for i, k in enumerate(tracks.keyframes)}
+    where = tracks.index()
     for i, k in enumerate(key_pos):
         ti = where.get(int(k))
         rows = np.flatnonzero(obs_image == i)
@@ -79,7 +79,7 @@ def link_parts(model: SfmModel, key_pos: np.ndarray, tracks: Tracks, joins: tupl
     # the track's pixels in the keyframes of parts the point is not seen in
     point_of_track = dict(zip(p_track[has][first].tolist(), has[first].tolist()))
     seen_in = {(int(p), int(s)) for p, s in zip(o_pt[0], seg[o_img[0]])}
-    where = {int(k): i for i, k in enumerate(tracks.keyframes)}
+    where = tracks.index()
     for i, k in enumerate(key_pos):
         ti = where.get(int(k))
         if ti is None:

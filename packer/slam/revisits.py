@@ -52,7 +52,7 @@ def corner_features(paths: list[Path], tracks: Tracks, key_pos: np.ndarray, read
     import cv2
 
     sift = cv2.SIFT_create()  # type: ignore[attr-defined]
-    where = {int(k): i for i, k in enumerate(tracks.keyframes)}
+    where = tracks.index()
     out = []
     for path, k in zip(paths, key_pos):
         ti = where[int(k)]

@@ -101,6 +101,10 @@ class Tracks:
         return Tracks(self.keyframes[a:b], self.points[a:b], self.ids[a:b], self.velocity[a:b], self.height,
                       None if self.rotations is None else self.rotations[a:b])
 
+    def index(self) -> dict[int, int]:
+        """{frame position: its index among these keyframes} (models name keyframes by frame)."""
+        return {int(k): i for i, k in enumerate(self.keyframes)}
+
     def matches(self, a: int, b: int) -> np.ndarray:
         """(m, 2) uint32 keypoint index pairs between keyframes a and b (shared tracks)."""
         _common, ia, ib = np.intersect1d(self.ids[a], self.ids[b], assume_unique=True, return_indices=True)

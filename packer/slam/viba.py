@@ -50,6 +50,7 @@ import numpy as np
 
 from packer.slam.rotations import umeyama
 from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
+from packer.slam.viba_timing import best_timing, estimate_readout
 
 GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2), as in `packer.slam.scale`
 
@@ -80,6 +81,8 @@ class VibaOptions:
     # time); 0: a global shutter; None: estimated (`_estimate_readout`)
     refine_camera: bool = True  # focal length and k1 solved with the poses (Cal3Bundler = SIMPLE_RADIAL)
     gyro_bias_prior: float = 0.01  # rad/s, the std of the prior on the first keyframe's gyro bias around its start
+    offset_search: float = 0.0  # s: search the clock offset this far around the one given, with the readout
+    # (`viba_timing`: a repaired model's offset is its start's); 0: hold the offset given
     landmark_prior: float = 10.0  # m, a prior on every point where it starts: keeps a point seen along one ray
     # (no parallax, a corner on the glove) from making the system singular; ~1e-7 of what one observation weighs
 
@@ -100,6 +103,7 @@ class VibaResult:
     seconds: float
     camera: list[float]  # [f, cx, cy, k1] after the solve
     rolling_shutter: float = 0.0  # s, the readout used (given or estimated)
+    offset_shift: float = 0.0  # s, added to the clock offset given (`VibaOptions.offset_search`)
 
 
 
@@ -298,46 +302,35 @@ def solve_viba(
     bias0 = gsam.imuBias.ConstantBias(b_acc, np.asarray(gyro_bias, dtype=np.float64))
     key_T = np.asarray(key_T, dtype=np.float64)
 
-    def run(o: VibaOptions, passes: int):
+    def run(o: VibaOptions, passes: int, shift: float = 0.0):
+        ts = t - shift  # the IMU samples in the frame clock at offset + shift
         pr = _problem(key_ts, key_T, inside, model, np.asarray(R_ic), scale0, o,
-                      (t, gyr - np.asarray(gyro_bias, dtype=np.float64)))
+                      (ts, gyr - np.asarray(gyro_bias, dtype=np.float64)))
         if len(pr.obs) < 30:
             raise VibaError(f"only {len(pr.obs)} observations of points tracked over {o.min_track}+ keyframes")
-        return (pr, *_passes(gsam, pr, t, acc, gyr, params, bias0, [float(c) for c in model.camera], o, passes))
+        return (pr, *_passes(gsam, pr, ts, acc, gyr, params, bias0, [float(c) for c in model.camera], o, passes))
 
-    if opt.rolling_shutter is None:
-        opt = replace(opt, rolling_shutter=_estimate_readout(run, opt))
-    pr, graph, res, keep = run(opt, 2)
+    def quick(readout: float, shift: float) -> tuple[float, float]:
+        """(visual chi^2 per row, the whole cost) of one pass on the longest tracks."""
+        _pr, graph, res, _keep = run(replace(opt, max_points=min(opt.max_points, 300), max_iterations=8,
+                                             rolling_shutter=readout), 1, shift)
+        _imu, vis, total, rows = _chi2(graph, res)
+        return vis / max(rows, 1), total
+
+    shift = 0.0
+    if opt.offset_search > 0:
+        shift, readout = best_timing(quick, opt.rolling_shutter, opt.offset_search, VibaError)
+        opt = replace(opt, rolling_shutter=readout)
+    elif opt.rolling_shutter is None:
+        opt = replace(opt, rolling_shutter=estimate_readout(lambda r: quick(r, 0.0)[0]))
+    pr, graph, res, keep = run(opt, 2, shift)
     out = _result(gsam, graph, res, pr, key_ts, key_T, inside, [float(c) for c in model.camera], keep, t0)
     # GTSAM's accelerometer bias is in the signed samples' frame; the windowed solve's (and metadata's) is not
-    return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias)
+    return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias,
+                   offset_shift=shift)
 
 
 _TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)
-READOUTS = (0.0, 0.012, 0.024, 0.036)  # s, the rolling-shutter readouts tried (phones: ~10-30 ms)
-
-
-def _estimate_readout(run, opt: VibaOptions) -> float:
-    """The readout whose corrected observations fit best (visual chi^2 of a quick
-    one-pass solve on the longest tracks), refined by a parabola through the best
-    and its neighbours. A wrong readout costs: 20 ms assumed on a global shutter
-    moved a fast session's scale by 1%, none where there is one by 0.8-2.5%."""
-    quick = replace(opt, max_points=min(opt.max_points, 300), max_iterations=8)
-    cost = []
-    for rs in READOUTS:
-        _pr, graph, res, _keep = run(replace(quick, rolling_shutter=rs), 1)
-        _imu, vis, _tot, rows = _chi2(graph, res)
-        cost.append(vis / max(rows, 1))
-    k = int(np.argmin(cost))
-    best = READOUTS[k]
-    if 0 < k < len(READOUTS) - 1:
-        c0, c1, c2 = cost[k - 1], cost[k], cost[k + 1]
-        den = c0 - 2 * c1 + c2
-        if den > 0:
-            best += float(np.clip(0.5 * (c0 - c2) / den, -0.5, 0.5)) * (READOUTS[1] - READOUTS[0])
-    return float(best)
-
-
 def _passes(gsam, pr: _Problem, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray, params, bias0,
             camera: list[float], opt: VibaOptions, passes: int):
     """(graph, solution, kept observations): a robust solve, then (passes = 2) again

@@ -30,7 +30,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                model: SfmModel, names: list[str], shape_rel_std: float = 0.0,
                imu_chi2_ref: float | None = None, joins: tuple[np.ndarray, ...] = (),
                join_offset: float | tuple[float, ...] = 0.0, readout_rel_std: float = 0.0,
-               gyro_bias_prior: float | None = None) -> tuple[float, bool, dict[str, Any]]:
+               gyro_bias_prior: float | None = None, offset_search: float = 0.0) -> tuple[float, bool, dict[str, Any]]:
     """(scale, metric, metadata fields with "keyframe_poses") or the session's error.
     A model whose rotations are the gyro's (`gyro_repair`: `model.check_R_wc` holds the
     rotations its images want) is checked on those, against the window solver's limit:
@@ -42,11 +42,14 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     (`part_links.imu_joins`), each by about `join_offset` metres (one for all, or one per
     join: `join_rel_std`); `readout_rel_std`:
     added in quadrature per READOUT_REF of rolling-shutter readout the observations were
-    corrected for (the front-end's, or the adjustment's own estimate), up to READOUT_REF."""
+    corrected for (the front-end's, or the adjustment's own estimate), up to READOUT_REF;
+    `offset_search`: s, how far from the gyro alignment's clock offset the adjustment
+    searches its own (`viba_timing`)."""
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
     vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
     if gyro_bias_prior is not None:
         vopt = dataclasses.replace(vopt, gyro_bias_prior=gyro_bias_prior)
+    vopt = dataclasses.replace(vopt, offset_search=offset_search)
     al, disagree = _aligned(session, opts, vopt, imu, key_ts, key_T, model)
     try:
         sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)
@@ -76,8 +79,9 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     return r.scale, True, {
         "keyframe_poses": r.T_wc,
         "solver": "viba",
-        "imu_offset": al.offset,
-        "imu_lag": al.offset - float(imu.t[0]),
+        "imu_offset": al.offset + r.offset_shift,
+        "imu_lag": al.offset + r.offset_shift - float(imu.t[0]),
+        **({"imu_offset_shift": r.offset_shift} if offset_search else {}),  # what the adjustment's search moved it
         "R_imu_cam": al.R_ic.tolist(),
         "gyro_bias": r.gyro_bias.tolist(),
         "accel_bias": r.accel_bias.tolist(),

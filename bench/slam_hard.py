@@ -76,10 +76,12 @@ def run_slam(src: Path, work: Path, pythonpath: str) -> tuple[int, float, float,
     env = dict(os.environ, PYTHONPATH=pythonpath)
     argv = [sys.executable, "-m", "packer", "slam", "--raw", str(raw), "--force"]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=work)
-    _pid, status, ru = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    out = proc.stdout.read() if proc.stdout else ""
+    with open(work / "slam.log", "w+") as log:  # a file, not a pipe: a child that prints much never waits on us
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=work)
+        _pid, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        log.seek(0)
+        out = log.read()
     lines = [ln for ln in out.splitlines() if ln.strip()]
     failed = [ln for ln in lines if ln.startswith(("FAILED", "FAIL "))]
     return (os.waitstatus_to_exitcode(status), wall, ru.ru_utime + ru.ru_stime,

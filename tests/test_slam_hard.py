@@ -219,6 +219,25 @@ def test_a_model_that_registers_too_few_gets_the_second_try(tmp_path: Path):
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
+def test_a_repaired_model_gets_its_clock_offset_from_the_bundle_adjustment(tmp_path: Path):
+    """Every camera effect, bench seed 44: the repair keeps the clock offset of the
+    alignment it started from, 8.8 ms off here, and at fast turns the IMU factors could
+    not fit (chi^2/dof 2.62, refused over 2). The adjustment's own search
+    (`viba_timing`) moves it to within 2 ms of the truth, the factors fit (under 1) and the
+    session is accepted within 2% and 3 of its std."""
+    motion, fx = PROFILES["all"]
+    d = synth_seed(tmp_path / "raw", 44, 600, motion, fx)
+    r = _slam_cli(tmp_path / "raw")
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    assert abs(info["imu_offset_shift"]) > 0.004, info["imu_offset_shift"]
+    assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.002, (info["imu_offset"], truth(d)["imu_offset"])
+    assert info["viba_imu_chi2"] < 1.0, info["viba_imu_chi2"]
+    e = _errors(d)
+    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
+    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
+
+
 def test_a_repair_that_keeps_no_well_seen_keyframe_is_a_refusal_not_a_crash(tmp_path: Path):
     """A fast hand over a plain room with the glove in view (every-effect seed 4 without
     the lens, blur and exposure): mapped again on the gyro's rotations, none of the 9
@@ -232,7 +251,11 @@ def test_a_repair_that_keeps_no_well_seen_keyframe_is_a_refusal_not_a_crash(tmp_
 
 def assert_never_wrong(d: Path, r: subprocess.CompletedProcess, reasons: tuple[str, ...]) -> None:
     """The bar for a hard session: accepted within 2% and 3 of its own reported std,
-    or refused in one line that names one of `reasons`, without a traceback."""
+    or refused in one line that names one of `reasons`, without a traceback; and no
+    flood from GTSAM (a point behind a camera printed 100 KB on every-effect seed 5
+    while the clock offset was searched, and stalled a caller reading the pipe late)."""
+    out = r.stdout + r.stderr
+    assert "CheiralityException" not in out and len(out) < 4000, out[-2000:]
     if r.returncode == 0:
         e = _errors(d)
         std = json.loads((d / "metadata.json").read_text())["shardship"]["scale_rel_std"]

@@ -369,13 +369,13 @@ def _warm_start(gsam, vals, res):
 
 
 def _chi2(graph, res) -> tuple[float, float, float, int]:
-    """(IMU chi^2, visual chi^2, total chi^2, visual rows) at the solution."""
+    """(IMU chi^2, visual chi^2, total chi^2, visual rows) at the solution (quiet: a
+    point behind a camera prints, as in `_solve`; the offset search meets many)."""
     imu = vis = 0.0
     rows = 0
-    for i in range(graph.size()):
-        f = graph.at(i)
-        e = 2.0 * f.error(res)
-        name = type(f).__name__
+    with _quiet_stdout():
+        errors = [(type(f).__name__, 2.0 * f.error(res)) for f in (graph.at(i) for i in range(graph.size()))]
+    for name, e in errors:
         if "CombinedImu" in name:
             imu += e
         elif "Projection" in name or "SFMFactor" in name:
@@ -402,7 +402,9 @@ def _scale_std(gsam, graph, res, pr: _Problem, centres: np.ndarray, birge: float
             w.insert(key, np.r_[np.zeros(3), res.atPose3(key).rotation().matrix().T @ c[poses[key]] / den])
         else:
             w.insert(key, np.zeros(_TANGENT[chr(gsam.Symbol(key).chr()).upper()]))
-    var = float(np.sum(np.square(graph.linearize(res).eliminateSequential().backSubstituteTranspose(w).vector())))
+    with _quiet_stdout():
+        linear = graph.linearize(res)
+    var = float(np.sum(np.square(linear.eliminateSequential().backSubstituteTranspose(w).vector())))
     return float(np.sqrt(max(var, 0.0) * max(birge, 1.0)))
 
 

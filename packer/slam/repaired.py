@@ -201,7 +201,8 @@ def _in_parts(session: Session, opts: SlamOptions, imu: Imu, model: colmap.SfmMo
                                        **({"cluster_of": p.fields["cluster_of"]} if "cluster_of" in p.fields
                                           else {})}
                                       for p, s, h in zip(parts, scales, how)],
-              "shared_points": shared.tolist(), "revisited_tracks": same}
+              "shared_points": shared.tolist(), "revisited_tracks": same,
+              **({"left_out_failed": failed} if failed else {})}  # stretches mapped alone that placed too few
     return Repaired(rep.kpos, key_pos, key_T, dataclasses.replace(m, camera=rep.model.camera), fields,
                     rep.calibration, tuple(j for j, _m in by_imu), tuple(m for _j, m in by_imu))
 

@@ -78,7 +78,7 @@ class VibaOptions:
     model_factor: float = 0.08  # the std gets this times the SfM's gyro disagreement above gyro_noise_floor (in
     # quadrature): what a distorted input model leaves in the scale after the bundle adjustment
     rolling_shutter: float | None = None  # s, the sensor's readout (row v at (v/H - 1/2) of it after the frame
-    # time); 0: a global shutter; None: estimated (`_estimate_readout`)
+    # time); 0: a global shutter; None: estimated (`viba_timing.estimate_readout`)
     refine_camera: bool = True  # focal length and k1 solved with the poses (Cal3Bundler = SIMPLE_RADIAL)
     gyro_bias_prior: float = 0.01  # rad/s, the std of the prior on the first keyframe's gyro bias around its start
     offset_search: float = 0.0  # s: search the clock offset this far around the one given, with the readout

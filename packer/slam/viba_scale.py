@@ -46,10 +46,10 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     `offset_search`: s, how far from the gyro alignment's clock offset the adjustment
     searches its own (`viba_timing`)."""
     # the front-end already moved the observations to the frame time when it knew the readout (`rolling.py`)
-    vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter)
+    vopt = VibaOptions(rolling_shutter=0.0 if model.rolling_shutter is not None else opts.rolling_shutter,
+                       offset_search=offset_search)
     if gyro_bias_prior is not None:
         vopt = dataclasses.replace(vopt, gyro_bias_prior=gyro_bias_prior)
-    vopt = dataclasses.replace(vopt, offset_search=offset_search)
     al, disagree = _aligned(session, opts, vopt, imu, key_ts, key_T, model)
     try:
         sr = estimate_only(key_ts, key_T, imu, al, opts.scale_options)

@@ -80,11 +80,7 @@ def best_timing(quick: Callable[[float, float], tuple[float, float]], readout: f
     shift = profile_min(lambda d: cost(d, r0), 0.0, step, -max_shift, max_shift)
     if readout is not None:
         return shift, readout
-    ys = [cost(shift, r) for r in READOUTS]
-    k = int(np.argmin(ys))
-    r0 = READOUTS[k]
-    if 0 < k < len(READOUTS) - 1 and np.all(np.isfinite(ys[k - 1:k + 2])):
-        r0 = parabola_tip(READOUTS[k - 1:k + 2], ys[k - 1:k + 2])
+    r0 = grid_min(lambda r: cost(shift, r), READOUTS, reach=1.0)
     shift = profile_min(lambda d: cost(d, r0), shift, step / 2, -max_shift, max_shift)
     return shift, float(max(r0, 0.0))
 
@@ -92,12 +88,20 @@ def best_timing(quick: Callable[[float, float], tuple[float, float]], readout: f
 def estimate_readout(cost: Callable[[float], float], readouts: Sequence[float] = READOUTS) -> float:
     """The readout lowest in `cost` (the visual chi^2 of a quick solve with the
     observations corrected for it), refined by a parabola through the best and its
-    neighbours. A wrong readout costs: 20 ms assumed on a global shutter moved a fast
-    session's scale by 1%, none where there is one by 0.8-2.5%."""
-    ys = [cost(r) for r in readouts]
+    neighbours, within half a step of the best (the grid's resolution). A wrong readout
+    costs: 20 ms assumed on a global shutter moved a fast session's scale by 1%, none
+    where there is one by 0.8-2.5%."""
+    return grid_min(cost, readouts, reach=0.5)
+
+
+def grid_min(cost: Callable[[float], float], grid: Sequence[float], reach: float) -> float:
+    """The point of `grid` (increasing) lowest in `cost`, moved toward the vertex of the
+    parabola through it and its two neighbours (`parabola_tip`) by at most `reach` of
+    the step on either side; where a neighbour is missing or its cost not finite, the
+    point itself."""
+    ys = [cost(x) for x in grid]
     k = int(np.argmin(ys))
-    if 0 < k < len(readouts) - 1:  # within half a step of the best (the grid's resolution)
-        half = 0.5 * (readouts[k + 1] - readouts[k - 1]) / 2
-        tip = parabola_tip(readouts[k - 1:k + 2], ys[k - 1:k + 2])
-        return float(np.clip(tip, readouts[k] - half, readouts[k] + half))
-    return float(readouts[k])
+    if not (0 < k < len(grid) - 1 and np.all(np.isfinite(ys[k - 1:k + 2]))):
+        return float(grid[k])
+    tip = parabola_tip(grid[k - 1:k + 2], ys[k - 1:k + 2])
+    return float(np.clip(tip, grid[k] - reach * (grid[k] - grid[k - 1]), grid[k] + reach * (grid[k + 1] - grid[k])))

@@ -138,6 +138,22 @@ def test_a_plain_room_the_windowed_solve_accepts_is_scaled_by_the_bundle_adjustm
     assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
+def _every_effect_accepted(tmp_path: Path, seed: int) -> tuple[Path, dict]:
+    """(the session, metadata.json's shardship fields) of every camera effect on fast
+    motion, bench seed `seed`, through the CLI at the defaults: accepted (`assert_never_wrong`),
+    within 2% and 3 of its std, ATE under 1% of the path, rotation under 1 deg RMS."""
+    motion, fx = PROFILES["all"]
+    d = synth_seed(tmp_path / "raw", seed, 600, motion, fx)
+    r = _slam_cli(tmp_path / "raw")
+    assert_never_wrong(d, r, REASONS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    e = _errors(d)
+    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
+    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
+    return d, info
+
+
 def test_a_model_that_splits_is_mapped_in_parts_tied_where_the_view_comes_back(tmp_path: Path):
     """Every camera effect, bench seed 12: the model mapped again on the gyro's rotations
     splits where the view turns plain (GLOMAP's pruning returns clusters of 70, 53 and 28
@@ -149,19 +165,12 @@ def test_a_model_that_splits_is_mapped_in_parts_tied_where_the_view_comes_back(t
     RMS (0.5; 1.0 when the IMU joined them), the parts named."""
     from packer.slam.repaired import MIN_LINKS
 
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 12, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    _d, info = _every_effect_accepted(tmp_path, 12)
     rep = info["gyro_repair"]
     assert len(rep["parts"]) == 3 and all("cluster_of" in p for p in rep["parts"][1:]), rep["parts"]
     shared = np.array(rep["shared_points"])
     assert rep["revisited_tracks"] > 0 and (shared[np.triu_indices(3, 1)] >= MIN_LINKS).all(), rep
     assert "scale_join_rel_std" not in info, info.get("scale_join_rel_std")
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
 def test_a_session_that_split_on_a_plain_stretch_is_accepted_at_the_defaults(tmp_path: Path):
@@ -170,14 +179,7 @@ def test_a_session_that_split_on_a_plain_stretch_is_accepted_at_the_defaults(tmp
     second try too (25/98 keyframes even from the true calibration), and it was refused.
     With keyframes halfway where tracks are scarce it maps, and is accepted within 2% and
     3 of its std, its rotations within 1 deg RMS."""
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 11, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
+    _every_effect_accepted(tmp_path, 11)
 
 
 def test_when_every_gyro_alignment_is_wrong_the_tracks_rotation_chain_starts_the_second_try(tmp_path: Path):
@@ -186,16 +188,9 @@ def test_when_every_gyro_alignment_is_wrong_the_tracks_rotation_chain_starts_the
     (focal length 170 px for a true 412): refused. The rotations chained from the tracks
     alone (`rotation_chain`) put the clock within 2 ms and the camera-IMU rotation within
     15 deg; from there the session is accepted within 2% and 3 of its std."""
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 16, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    _d, info = _every_effect_accepted(tmp_path, 16)
     assert info["gyro_repair"]["start"]["chosen"].startswith("the rotation chain (from the refused model"), info
     assert "focal length went to" in info["gyro_repair"]["start"]["chosen"]  # why the first start was left
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
 def test_a_model_that_registers_too_few_gets_the_second_try(tmp_path: Path):
@@ -206,17 +201,9 @@ def test_a_model_that_registers_too_few_gets_the_second_try(tmp_path: Path):
     first, and the second try placed the path too loosely, +-2.0-2.2%, its two parts
     joined by the IMU alone). Its parts now share 200 points where the view comes back
     (`revisits`): accepted within 2% and 3 of its std (+0.25% at +-0.61%)."""
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 24, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert_never_wrong(d, r, REASONS)
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    _d, info = _every_effect_accepted(tmp_path, 24)
     assert info["frontend_used"] == "klt, mapped again on the gyro's rotations", info["frontend_used"]
     assert len(info["gyro_repair"]["parts"]) >= 2 and "scale_join_rel_std" not in info, info["gyro_repair"]
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
 def test_a_repaired_model_gets_its_clock_offset_from_the_bundle_adjustment(tmp_path: Path):
@@ -225,17 +212,10 @@ def test_a_repaired_model_gets_its_clock_offset_from_the_bundle_adjustment(tmp_p
     not fit (chi^2/dof 2.62, refused over 2). The adjustment's own search
     (`viba_timing`) moves it to within 2 ms of the truth, the factors fit (under 1) and the
     session is accepted within 2% and 3 of its std."""
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 44, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    d, info = _every_effect_accepted(tmp_path, 44)
     assert abs(info["imu_offset_shift"]) > 0.004, info["imu_offset_shift"]
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.002, (info["imu_offset"], truth(d)["imu_offset"])
     assert info["viba_imu_chi2"] < 1.0, info["viba_imu_chi2"]
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
 def test_a_stretch_that_fails_alone_does_not_stop_the_others(tmp_path: Path):
@@ -246,18 +226,10 @@ def test_a_stretch_that_fails_alone_does_not_stop_the_others(tmp_path: Path):
     start hold over half the keyframes, the failed one is named in the metadata, and the
     session is accepted within 2% and 3 of its std (its clock offset, 18 ms off from the
     repair's start, searched by the adjustment: 3.5 ms off)."""
-    motion, fx = PROFILES["all"]
-    d = synth_seed(tmp_path / "raw", 62, 600, motion, fx)
-    r = _slam_cli(tmp_path / "raw")
-    assert_never_wrong(d, r, REASONS)
-    assert r.returncode == 0, r.stdout + r.stderr
-    info = json.loads((d / "metadata.json").read_text())["shardship"]
+    d, info = _every_effect_accepted(tmp_path, 62)
     rep = info["gyro_repair"]
     assert len(rep["parts"]) >= 3 and any("mapped alone, failed" in f for f in rep["left_out_failed"]), rep
     assert abs(info["imu_offset"] - truth(d)["imu_offset"]) < 0.005, (info["imu_offset"], truth(d)["imu_offset"])
-    e = _errors(d)
-    assert e["scale_err"] < 0.02 and e["scale_err"] < 3 * info["scale_rel_std"], (e, info["scale_rel_std"])
-    assert e["ate"] < 0.01 and e["rot_deg"] < 1.0, e
 
 
 def test_a_repair_that_keeps_no_well_seen_keyframe_is_a_refusal_not_a_crash(tmp_path: Path):

@@ -151,20 +151,46 @@ def slam_session(session_dir: str | os.PathLike, opts: SlamOptions | None = None
 def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamResult:
     opts.validate()
     session = load_session(path)
-    name = session.name
     skipped = _skipped(session, opts, path)
     if skipped is not None:
         return skipped
     imu = _preflight(session, opts)
     use_imu = opts.scale == "imu"
     stat = store.input_stat(session, opts.fingerprint_options(), use_imu)
-    hit = None if opts.force else store.cached(session, stat=stat)
-    fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu) if hit is None else ""
-    if not opts.force:
-        cached = hit or store.cached(session, fp)
-        if cached is not None:
-            return _cached_result(session, opts, cached)
+    # the stored result or refusal of these inputs: by their stat first (no frame read), then by their content
+    found = None if opts.force else _stored(session, opts, stat=stat)
+    if found is not None:
+        return found
+    fp = store.input_fingerprint(session, opts.fingerprint_options(), use_imu)
+    found = None if opts.force else _stored(session, opts, fp)
+    if found is not None:
+        return found
+    try:
+        return _solved(session, opts, stages, imu, fp, stat)
+    except SessionError as e:  # the same inputs will get the same refusal: remembered (`store.write_refusal`)
+        store.write_refusal(session, fp, stat, str(e))
+        raise
 
+
+def _stored(session: Session, opts: SlamOptions, fp: str | None = None, stat: str | None = None
+            ) -> SlamResult | None:
+    """The stored result, or the stored refusal, of these exact inputs (None: neither)."""
+    cached = store.cached(session, fp, stat)
+    if cached is not None:
+        return _cached_result(session, opts, cached)
+    refused = store.cached_refusal(session, fp, stat)
+    if refused is not None:
+        return SlamResult(session.name, session.path, "failed", message=f"{refused} ({REFUSED_BEFORE})")
+    return None
+
+
+REFUSED_BEFORE = "refused before on these same inputs and options; --force runs it again"
+
+
+def _solved(session: Session, opts: SlamOptions, stages: Callable[[str], None], imu: Imu | None, fp: str,
+            stat: str) -> SlamResult:
+    """The stages after the cheap checks and the cache: SfM, scale, every frame's pose, written."""
+    path, name = session.path, session.name
     partial = None  # a model that registered too few keyframes, mapped again on the gyro's rotations below
     try:
         kpos, model, key_pos, key_T = _reconstruct_keyframes(session, opts, stages, imu)

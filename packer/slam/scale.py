@@ -94,6 +94,8 @@ class ScaleOptions:
     min_excitation: float = 0.05  # m/s^2 RMS motion acceleration (0.2 s means, noise floor removed)
     max_rel_std: float = 0.02  # refuse when std(s)/s is larger
     min_explained: float = 0.5  # refuse when one scale explains less of the windows' own fits
+    lever_arm: bool = True  # also try the IMU's position in the camera frame (3 unknowns: `solve_scale`)
+    lever_arm_min_chi2: float = 30.0  # ... and keep it only when it is this significant (chi^2, 3 dof)
 
 
 @dataclass
@@ -113,6 +115,8 @@ class ScaleResult:
     n_keyframes: int
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
     window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
+    lever_arm: list[float] | None = None  # m, the IMU's position in the camera frame, where it was kept
+    lever_arm_chi2: float = 0.0  # its significance (chi^2 on 3 dof; kept above ScaleOptions.lever_arm_min_chi2)
     shape_spread: float = 1.0  # chi^2/dof of a free symmetric 3x3 scale per window about the one scale (noise: ~1)
     fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
     model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
@@ -140,13 +144,18 @@ class _Window:
 
 def _windows(
     imu: ImuTrack, key_ts: np.ndarray, positions: np.ndarray, R_wc: np.ndarray, R_ci: np.ndarray, raw: bool,
-    opt: ScaleOptions,
+    opt: ScaleOptions, lever: bool = False,
 ) -> list[_Window]:
     """Split the covered keyframes into windows of about `opt.window` s (>= 3
-    keyframes each) and build their regressions."""
+    keyframes each) and build their regressions. `lever`: three more global columns,
+    -R_wc(t_j) for the unknown k r (r: the IMU's position in the camera frame): the
+    camera centre is the IMU's point less R_wc r, so p_j = k x_imu(t_j) - R_wc(t_j) k r,
+    exact and linear, no angular acceleration needed."""
     n_b = 3 if opt.accel_bias else 0
-    ng = 1 + n_b + (3 if raw else 0)
-    anchors_k = R_wc @ R_ci @ np.swapaxes(imu.orientation(key_ts), -1, -2)
+    n_r = 3 if lever else 0
+    ng = 1 + n_b + n_r + (3 if raw else 0)
+    R_g = imu.orientation(key_ts)
+    anchors_k = R_wc @ R_ci @ np.swapaxes(R_g, -1, -2)
     i1, i2 = imu.integrals(key_ts)
     span = float(key_ts[-1] - key_ts[0])
     edges = np.linspace(key_ts[0], key_ts[-1], max(1, int(round(span / opt.window))) + 1)
@@ -165,9 +174,11 @@ def _windows(
         X[:, :, 0] = (local[:, :3] @ A.T).T
         if n_b:
             X[:, :, 1:4] = -np.einsum("ab,nbc->anc", A, local[:, 3:].reshape(-1, 3, 3))
+        if n_r:  # -R_wc = -A R_g R_ci^T at each keyframe
+            X[:, :, 1 + n_b:1 + n_b + n_r] = -np.einsum("ab,nbc,dc->and", A, R_g[idx], R_ci)
         if raw:
             for a in range(3):
-                X[a, :, 1 + n_b + a] = 0.5 * tau**2
+                X[a, :, 1 + n_b + n_r + a] = 0.5 * tau**2
         d, V = np.linalg.eigh(_drift_cov(tau))
         M = np.concatenate([X, positions[idx].T[:, :, None]], axis=2).transpose(1, 0, 2)
         out.append(_Window(np.clip(d, 0.0, None), V.T @ np.column_stack([np.ones(len(idx)), tau]),
@@ -329,22 +340,33 @@ def solve_scale(
     gyr = np.asarray(gyro, dtype=np.float64) - (0.0 if gyro_bias is None else np.asarray(gyro_bias))
     imu = ImuTrack(t, np.asarray(accel_g, dtype=np.float64) * GRAVITY, gyr)
     raw = mode == "raw"
-    wins = []
-    if inside.sum() >= 3:
-        wins = _windows(imu, key_ts[inside], np.asarray(positions, dtype=np.float64)[inside],
-                        np.asarray(R_wc, dtype=np.float64)[inside], np.asarray(R_ic).T, raw, opt)
-    spare = sum(3 * (len(w.d) - 2) for w in wins) - (wins[0].M.shape[2] - 1) if wins else 0
-    if covered < opt.min_duration or spare < 3:
-        raise ScaleRefused(
-            f"only {covered:.2f} s of registered video ({int(inside.sum())} keyframes) with IMU coverage; "
-            f"need {opt.min_duration:g} s and a few keyframes more than unknowns (longer session or more "
-            "registered frames)"
-        )
-    lam, red = _reml(wins)
-    floor = _measured_ratio(red, imu)
-    if lam < floor:  # the accelerometer's own noise says the drift is at least this
-        lam, red = floor, _reduce(wins, floor)
-    result = _fit(red, imu, wins, lam, mode, opt)
+
+    def solved(lever: bool) -> ScaleResult:
+        wins = []
+        if inside.sum() >= 3:
+            wins = _windows(imu, key_ts[inside], np.asarray(positions, dtype=np.float64)[inside],
+                            np.asarray(R_wc, dtype=np.float64)[inside], np.asarray(R_ic).T, raw, opt, lever)
+        spare = sum(3 * (len(w.d) - 2) for w in wins) - (wins[0].M.shape[2] - 1) if wins else 0
+        if covered < opt.min_duration or spare < 3:
+            raise ScaleRefused(
+                f"only {covered:.2f} s of registered video ({int(inside.sum())} keyframes) with IMU coverage; "
+                f"need {opt.min_duration:g} s and a few keyframes more than unknowns (longer session or more "
+                "registered frames)"
+            )
+        lam, red = _reml(wins)
+        floor = _measured_ratio(red, imu)
+        if lam < floor:  # the accelerometer's own noise says the drift is at least this
+            lam, red = floor, _reduce(wins, floor)
+        return _fit(red, imu, wins, lam, mode, opt, 3 if lever else 0)
+
+    result = solved(False)
+    if opt.lever_arm:  # the IMU off the camera centre (a phone's: a few cm), kept where the data insist
+        try:
+            with_lever = solved(True)
+        except ScaleRefused:  # too few keyframes for three more unknowns
+            with_lever = result
+        if with_lever.lever_arm_chi2 >= opt.lever_arm_min_chi2:
+            result = with_lever
     if model_rel_std > 0 and np.isfinite(result.rel_std):
         total = float(np.hypot(result.rel_std, model_rel_std))
         result = replace(result, fit_rel_std=result.rel_std, model_rel_std=model_rel_std, rel_std=total,
@@ -355,11 +377,14 @@ def solve_scale(
     return result
 
 
-def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: str, opt: ScaleOptions) -> ScaleResult:
+def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: str, opt: ScaleOptions,
+         n_r: int = 0) -> ScaleResult:
     """Least squares on the reduced system, the sign convention, |g| refinement, and
-    the statistics the refusal checks read (rel_std, explained, excitation)."""
+    the statistics the refusal checks read (rel_std, explained, excitation); `n_r`:
+    the lever arm's columns follow the bias's (`_windows`)."""
     G, y = red.G.copy(), red.y
     n_b = 3 if opt.accel_bias else 0
+    col_g = 1 + n_b + n_r
     d0 = imu.noise2 / 3.0 * float(np.median(np.diff(imu.t))) * red.drift_trace  # noise energy in k's column
     x = _lstsq_eiv(G, y, d0)
     sign = 1.0
@@ -369,16 +394,18 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         x[:1 + n_b] *= -1.0
     M, n_free = G, G.shape[1]
     if mode == "raw":
-        x, M = _gravity_fit(G, y, x, 1 + n_b, d0)
+        x, M = _gravity_fit(G, y, x, col_g, d0)
         n_free -= 1
     res = y - G @ x
     k = float(x[0])
     sigma2 = float(res @ res) / max(red.dof - n_free, 1)
     b = x[1:1 + n_b] / k if n_b and k > 0 else np.zeros(3)
-    g = x[1 + n_b:] / k if mode == "raw" and k > 0 else np.zeros(3)
-    spread = window_spread(G, y, x, red.blocks, n_b, g, sigma2)
+    g = x[col_g:] / k if mode == "raw" and k > 0 else np.zeros(3)
+    spread = window_spread(G, y, x, red.blocks, n_b + n_r, g, sigma2)
     shape = shape_spread(G, y, red.blocks, red.dof)
-    var_k = _marginal_variance(M, 0) * sigma2 * max(spread, shape, 1.0)
+    inflate = max(spread, shape, 1.0)
+    var_k = _marginal_variance(M, 0) * sigma2 * inflate
+    lever, lever_chi2 = _lever(M, x, 1 + n_b, n_r, sigma2 * inflate)
     rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     colnorm = np.linalg.norm(M, axis=0)
     colnorm[colnorm == 0] = 1.0
@@ -399,8 +426,25 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         n_keyframes=int(sum(len(w.d) for w in wins)),
         imu_noise_ratio=lam,
         window_spread=spread,
+        lever_arm=lever,
+        lever_arm_chi2=lever_chi2,
         shape_spread=shape,
     )
+
+
+def _lever(M: np.ndarray, x: np.ndarray, col: int, n_r: int, var: float) -> tuple[list[float] | None, float]:
+    """(r in metres, chi^2 of k r against 0 on its covariance) of the lever-arm columns
+    `col`..`col + n_r` of the design M (x: the solution, k = x[0]); (None, 0) without."""
+    if not n_r or not x[0] > 0:
+        return None, 0.0
+    kr = x[col:col + n_r]
+    N = M.T @ M
+    try:
+        cov = np.linalg.inv(N)[col:col + n_r, col:col + n_r] * var
+        chi2 = float(kr @ np.linalg.solve(cov, kr))
+    except np.linalg.LinAlgError:
+        return None, 0.0
+    return [float(v) for v in kr / x[0]], chi2
 
 
 def still_reason(excitation: float, need: float) -> str:

@@ -127,6 +127,8 @@ def _imu_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "scale_keyframes": sr.n_keyframes,
         "imu_noise_ratio": sr.imu_noise_ratio,
         "scale_window_spread": sr.window_spread,
+        "imu_lever_arm": sr.lever_arm,  # m, the IMU's position in the camera frame (None: at its centre)
+        "imu_lever_arm_chi2": sr.lever_arm_chi2,
         "scale_shape_spread": sr.shape_spread,
         **parts,
     }

@@ -94,6 +94,30 @@ def cached(session: Session, fingerprint: str | None = None, stat: str | None = 
     return info
 
 
+REFUSAL_KEY = "shardship_refusal"  # metadata.json: the last run's refusal, with the inputs it was made on
+
+
+def write_refusal(session: Session, fingerprint: str, stat: str, message: str) -> None:
+    """Remember a refusal beside the inputs it was made on: the same inputs give the
+    same answer, so `packer pack` after a refused `packer slam` says it at once instead
+    of mapping the session again (minutes). Only this key of metadata.json changes."""
+    md = load_metadata(session)
+    md[REFUSAL_KEY] = {"version": SLAM_VERSION, "fingerprint": fingerprint, "input_stat": stat, "message": message}
+    write_json(session.file("metadata.json"), _jsonable(md))
+
+
+def cached_refusal(session: Session, fingerprint: str | None = None, stat: str | None = None) -> str | None:
+    """The stored refusal's message when these exact inputs were refused before
+    (by content `fingerprint` or by `stat`, as `cached`), else None."""
+    rec = load_metadata(session).get(REFUSAL_KEY)
+    if not isinstance(rec, dict) or rec.get("version") != SLAM_VERSION:
+        return None
+    if (fingerprint is not None and rec.get("fingerprint") == fingerprint) or (
+            stat is not None and rec.get("input_stat") == stat):
+        return str(rec.get("message", ""))
+    return None
+
+
 SCALE_CHOICE = ("scale", "marker_size", "marker_dict", "known_distance")  # SlamOptions fields: the user's choice
 
 
@@ -175,6 +199,7 @@ def write_results(session: Session, poses: np.ndarray, flags: np.ndarray, flag_n
     elif isinstance(md.get(KEY), dict) and md[KEY].get("original_poses"):
         info["original_poses"] = md[KEY]["original_poses"]
     md[KEY] = info
+    md.pop(REFUSAL_KEY, None)  # an older run's refusal no longer says anything about these poses
     # the fields the user's own tools read: run_slam.py skips a slamProcessed session,
     # calibrate_scale.py one with a scale_factor (our poses are in metres already)
     md["slamProcessed"] = True

@@ -277,6 +277,7 @@ def solve_viba(
     key_ts: np.ndarray, key_T: np.ndarray, model, imu_t: np.ndarray, accel_g: np.ndarray, gyro: np.ndarray, *,
     offset: float, R_ic: np.ndarray, gyro_bias: np.ndarray, scale0: float, accel_sign: float = 1.0,
     accel_bias: np.ndarray | None = None, gravity: np.ndarray | None = None, options: VibaOptions | None = None,
+    lever_arm: np.ndarray | None = None,
 ) -> VibaResult:
     """Refined metric keyframe poses and the scale (see the module docstring).
 
@@ -284,7 +285,9 @@ def solve_viba(
     world poses, in the order of `model.names`; accel_g in g (gravity removed unless
     `gravity`, the world's gravity in the SfM frame in m/s^2, is given), gyro rad/s;
     offset / R_ic / gyro_bias from `align_imu`; scale0, accel_sign, accel_bias (m/s^2,
-    the accelerometer's own sign) from the windowed solve or a coarse search."""
+    the accelerometer's own sign) from the windowed solve or a coarse search;
+    lever_arm (m): the IMU's position in the camera frame where the windowed solve
+    found one (`at_camera_centre`)."""
     import gtsam as gsam
 
     opt = options or VibaOptions()
@@ -292,6 +295,8 @@ def solve_viba(
     t = np.asarray(imu_t, dtype=np.float64) - offset
     acc = accel_sign * np.asarray(accel_g, dtype=np.float64) * GRAVITY
     gyr = np.asarray(gyro, dtype=np.float64)
+    if lever_arm is not None:
+        acc = at_camera_centre(t, acc, gyr - np.asarray(gyro_bias, dtype=np.float64), np.asarray(R_ic) @ lever_arm)
     key_ts = np.asarray(key_ts, dtype=np.float64)
     inside = (key_ts >= t[0]) & (key_ts <= t[-1])
     if inside.sum() < 4 or not (scale0 > 0):
@@ -328,6 +333,16 @@ def solve_viba(
     # GTSAM's accelerometer bias is in the signed samples' frame; the windowed solve's (and metadata's) is not
     return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias,
                    offset_shift=shift)
+
+
+def at_camera_centre(t: np.ndarray, acc: np.ndarray, omega: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The acceleration of the camera centre from an accelerometer at r (IMU frame, m)
+    from it: a_imu = a_cam + alpha x r + omega x (omega x r) on a rigid body (omega the
+    unbiased gyro, alpha its derivative, central differences). GTSAM's body_P_sensor
+    corrects only the centripetal term; at a hand's 10-20 rad/s^2 the tangential one
+    is the larger (0.5-1 m/s^2 at 5 cm)."""
+    alpha = np.gradient(omega, t, axis=0)
+    return acc - np.cross(alpha, r) - np.cross(omega, np.cross(omega, r))
 
 
 _TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)

@@ -65,10 +65,11 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     try:
         r = solve_viba(key_ts, key_T, keyframe_structure(model, names), imu.t, imu.accel, imu.gyro,
                        offset=al.offset, R_ic=al.R_ic, gyro_bias=al.gyro_bias, scale0=sr.scale,
-                       accel_sign=sr.accel_sign, accel_bias=b_acc, gravity=gravity, options=vopt)
+                       accel_sign=sr.accel_sign, accel_bias=b_acc, gravity=gravity, options=vopt,
+                       lever_arm=None if sr.lever_arm is None else np.asarray(sr.lever_arm))
     except (VibaError, RuntimeError) as e:  # RuntimeError: GTSAM's (an indeterminate system)
-        raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}"
-                            ) from None
+        raise AdjustmentFailed.of(session, "rgb/", "visual-inertial bundle adjustment failed: "
+                                  f"{str(e).strip().splitlines()[0]}") from None
     readout = model.rolling_shutter if model.rolling_shutter is not None else r.rolling_shutter
     model_std = model_rel_std(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std,
                               readout, readout_rel_std)
@@ -95,6 +96,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
         **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),
         "scale_start": sr.scale,
+        "imu_lever_arm": sr.lever_arm,  # m, the IMU's position in the camera frame (None: at its centre)
+        "imu_lever_arm_chi2": sr.lever_arm_chi2,
         "accel_mode": sr.accel_mode,
         "accel_sign": sr.accel_sign,
         "excitation": sr.excitation,
@@ -107,6 +110,17 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         "viba_seconds": r.seconds,
         "confidence": float(np.clip(1.0 - rel_std / opts.scale_options.max_rel_std, 0.0, 1.0)),
     }
+
+
+class AdjustmentFailed(SessionError):
+    """The bundle adjustment could not run (too few observations, an indeterminate
+    system): it says nothing about the model, unlike its refusals, which are evidence
+    that the images and the IMU disagree (`refine_accepted`)."""
+
+    @classmethod
+    def of(cls, session: Session, file: str, reason: str) -> AdjustmentFailed:
+        plain = session.error(file, reason)
+        return cls(plain.session, plain.path, plain.reason)
 
 
 def _aligned(session: Session, opts: SlamOptions, vopt: VibaOptions, imu: Imu, key_ts: np.ndarray,
@@ -200,13 +214,24 @@ def refine_accepted(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.nd
     shape, the std), scaled by the bundle adjustment, which also refines its poses. Why:
     on plain rooms the windowed solve leans small on SfM positions whose errors follow
     the motion (low texture, 5 seeds: -0.47 to -1.41% at 0.57-1.88% std; the bundle
-    adjustment on the same models -0.31 to +0.19%). Where the adjustment fails or
-    refuses, the windowed solve's answer stands and metadata.json says why."""
+    adjustment on the same models -0.31 to +0.19%).
+
+    A refusal of the adjustment is evidence, not a reason to fall back: it sees every
+    image observation and every IMU sample at once, and when they disagree (its IMU
+    chi^2, its inliers) or leave the scale loose, the windowed answer from the same
+    data is no better, only blinder (a fast session made elsewhere: the adjustment
+    refused at IMU chi^2/dof 21 and the windowed scale, kept, was 19% off at +-1.8%).
+    So the session is refused, saying both. Only where the adjustment could not run at
+    all (`AdjustmentFailed`) does the windowed answer stand, and metadata.json says why."""
     try:
         scale, metric, fields = viba_scale(session, opts, imu, key_ts, key_T, model, names,
                                            shape_rel_std=AUTO_SHAPE_REL_STD, readout_rel_std=READOUT_REL_STD)
-    except SessionError as e:
+    except AdjustmentFailed as e:
         return window[0], window[1], {**window[2], "solver": "window", "viba_refused": e.reason}
+    except SessionError as e:
+        raise session.error(e.path, f"{e.reason} (the windowed accelerometer solve alone gave "
+                            f"{window[0]:.4g} m/unit +-{window[2]['scale_rel_std']:.1%}, not accepted against "
+                            "this refusal)") from None
     # the windowed solve's own fields stay (its fit's residual, windows, explained share: the user's scripts
     # read `residual`); what both have is the adjustment's
     return scale, metric, {**window[2], **fields, "window_scale": window[0],

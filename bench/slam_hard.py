@@ -46,13 +46,13 @@ BASELINE_REF = "b3fb826"  # main before the hard-world work (issue 20)
 
 def render(profile: str, seed: int, frames: int) -> Path:
     """The cached session folder for (profile, seed, frames)."""
-    from packer.effects import PROFILES
+    from packer.effects import PHONE_RIGS, PROFILES
 
     out = DATA / f"{profile}-{frames}"
     d = out / session_name(seed)
     if not (d / "synth_truth.json").exists():
         motion, fx = PROFILES[profile]
-        synth_seed(out, seed, frames, motion, fx)
+        synth_seed(out, seed, frames, motion, fx, PHONE_RIGS.get(profile))
     return d
 
 
@@ -60,12 +60,12 @@ def session_name(seed: int) -> str:
     return f"session_2026-03-{1 + seed // 24:02d}_{seed % 24:02d}0000"
 
 
-def synth_seed(out: Path, seed: int, frames: int, motion: str, effects) -> Path:
+def synth_seed(out: Path, seed: int, frames: int, motion: str, effects, rig=None) -> Path:
     """Bench seed `seed` rendered into `out` (the tests render the same sessions)."""
     from packer.synth import synth_session
 
     return synth_session(out, session_name(seed), frames, seed=1000 + seed, motion=motion, effects=effects,
-                         imu_offset=0.2 + 0.1 * ((seed * 7919) % 11) / 10)
+                         imu_offset=0.2 + 0.1 * ((seed * 7919) % 11) / 10, rig=rig)
 
 
 def run_slam(src: Path, work: Path, pythonpath: str) -> tuple[int, float, float, str]:

@@ -11,7 +11,7 @@ from shardship.interrupt import quiet_imports
 with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
     import click
 
-    from packer.effects import EFFECTS, PROFILES
+    from packer.effects import EFFECTS, PHONE_RIGS, PROFILES
     from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
     from shardship.config import Config, PackOptions, load_config
     from shardship.errors import Exit, SessionError, ShardshipError
@@ -90,17 +90,20 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--sessions", type=click.IntRange(1), default=3, show_default=True, help="How many sessions.")
 @click.option("--frames", type=click.IntRange(2), default=180, show_default=True, help="Frames per session.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed: same seed, same bytes.")
-@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static", "fast"]), default="hand",
-              show_default=True, help="weak: a hand that barely moves (scale still observable); rotation-only: "
-              "scale is unobservable (SLAM must refuse); static: identical frames; fast: real hand speeds "
-              "(to ~3 rad/s and 0.8 m/s, pauses, flicks).")
+@click.option("--motion", type=click.Choice(["hand", "weak", "rotation-only", "static", "fast", "vigorous"]),
+              default="hand", show_default=True, help="weak: a hand that barely moves (scale still observable); "
+              "rotation-only: scale is unobservable (SLAM must refuse); static: identical frames; fast: real hand "
+              "speeds (to ~3 rad/s and 0.8 m/s, pauses, flicks); vigorous: faster and sustained (~1 g, ~1 m/s, "
+              "to ~3 rad/s, no pauses).")
 @click.option("--effect", "effects", multiple=True, type=click.Choice(list(EFFECTS)),
               help="What a real phone camera does, repeatable: glove (palm and fingers in view), lens (focal 3%% "
               "off calib.txt, distortion), blur (8 ms), rolling-shutter (20 ms), exposure (auto-exposure and white "
               "balance drift), low-texture (plain table and walls).")
 @click.option("--profile", type=click.Choice(list(PROFILES)), default=None,
               help="A SLAM benchmark profile: its motion and effects (overrides --motion and --effect); "
-              "'all' is fast motion with every effect.")
+              "'all' is fast motion with every effect; 'fast-phone' vigorous motion on a phone whose IMU sits "
+              "4-8 cm from the camera, starts 0.05-0.3 s before frame 0, with an off-centre principal point "
+              "('fast-phone-all': with every effect too).")
 @click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
               help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
 @click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,
@@ -129,11 +132,13 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
     from packer.synth import synth_dataset
 
     fx = CameraEffects.from_names(effects)
+    rig = None
     if profile is not None:
         motion, fx = PROFILES[profile]
+        rig = PHONE_RIGS.get(profile)
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
-                          clock_step=clock_step, progress=not quiet)
+                          clock_step=clock_step, rig=rig, progress=not quiet)
     click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
                + (" as zip exports" if export == "zip" else ""))
 

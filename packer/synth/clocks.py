@@ -62,13 +62,14 @@ class Clocks:
 
 
 def plan_clocks(name: str, n_frames: int, fps: float, imu_offset: float, rng: np.random.Generator,
-                step: float = 0.0, step_at: float = 0.5) -> Clocks:
+                step: float = 0.0, step_at: float = 0.5, lead: float = 0.0) -> Clocks:
     """The session's clocks; draws from `rng` in a fixed order (start, frame-0
     delay, IMU phase, finalize delay). `step`: the phone's wall clock jumps by this
     many seconds at `step_at` (fraction) of the capture, as an NTP correction of
-    Date() does mid-recording; no draw depends on it."""
+    Date() does mid-recording; `lead`: s more from the IMU's start to frame 0 (a camera
+    that takes longer to start); no draw depends on either."""
     capture_start = name_epoch(name) + float(rng.uniform(0.0, 0.999))  # startTime = Date()
-    frame0_epoch = capture_start + float(rng.uniform(*FRAME0_DELAY))
+    frame0_epoch = capture_start + float(rng.uniform(*FRAME0_DELAY)) + float(lead)
     imu_phase = float(rng.uniform(0.0, 1.0 / IMU_RATE))
     finalize_delay = float(rng.uniform(*FINALIZE_DELAY))
     stop_epoch = frame0_epoch + n_frames / fps  # stop pressed one frame period after the last frame

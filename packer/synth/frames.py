@@ -42,6 +42,12 @@ def _scene(seed: int, scale: float, rng: np.random.Generator, plain_grain: float
     return _SCENES[key]
 
 
+def principal_point(spec: SessionSpec) -> tuple[float, float]:
+    """(cx, cy) of the session's camera (COLMAP convention, as calib.txt): the image
+    centre, moved by the phone's drawn principal offset (`PhoneRig`)."""
+    return CX + spec.phone.principal_offset[0], CY + spec.phone.principal_offset[1]
+
+
 def _scaled(traj: Trajectory, s: float) -> Trajectory:
     return replace(traj, pos_amp=traj.pos_amp * s)
 
@@ -82,9 +88,10 @@ def build_world(spec: SessionSpec, g_scene: np.random.Generator, g_traj: np.rand
         traj = _scaled(traj, scale)
     t_frames = np.arange(spec.n_frames, dtype=np.float64) / spec.fps
     poses = traj.poses(t_frames)
-    intr = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, spec.effects)
+    cx, cy = principal_point(spec)
+    intr = camera.true_intrinsics(FX, FY, cx - 0.5, cy - 0.5, spec.effects)
     rays = camera.pixel_rays(WIDTH, HEIGHT, intr) if spec.effects.lens else None
-    renderer = Renderer(scene, WIDTH, HEIGHT, FX, FY, CX - 0.5, CY - 0.5, rays_cam=rays)
+    renderer = Renderer(scene, WIDTH, HEIGHT, FX, FY, cx - 0.5, cy - 0.5, rays_cam=rays)
     return World(scene, traj, t_frames, poses, renderer)
 
 
@@ -96,7 +103,8 @@ class _Camera:
         self.world, self.joints = world, joints
         self.bands = camera.row_bands(HEIGHT, effects.rolling_shutter)
         self.subs = camera.blur_offsets(effects.blur)
-        k = camera.true_intrinsics(FX, FY, CX - 0.5, CY - 0.5, effects)
+        cx, cy = principal_point(spec)
+        k = camera.true_intrinsics(FX, FY, cx - 0.5, cy - 0.5, effects)
         self.K = np.array([[k[0], 0, k[2]], [0, k[1], k[3]], [0, 0, 1.0]])
         self.glove = camera.make_glove(rng, WIDTH, HEIGHT) if effects.glove else None
         self.exposure = camera.make_exposure(rng, spec.n_frames / spec.fps) if effects.exposure else None

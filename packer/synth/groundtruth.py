@@ -15,7 +15,7 @@ import numpy as np
 
 from packer.synth import camera
 from packer.synth.encoders import JOINT_NAMES, LATENCY_JITTER, LATENCY_MIN
-from packer.synth.frames import CX, CY, FX, FY, World
+from packer.synth.frames import FX, FY, World, principal_point
 from packer.synth.trajectory import GRAVITY
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def write_truth(
         "frame_indices": spec.present,
         "dropped_frames": spec.dropped,
         "poses": world.poses.tolist(),
-        "intrinsics": [FX, FY, CX, CY],
+        "intrinsics": [FX, FY, *principal_point(spec)],
         "capture_start_epoch": clocks.capture_start,
         "frame0_epoch": clocks.frame0_epoch,
         "stop_epoch": clocks.stop_epoch,
@@ -123,10 +123,13 @@ def write_truth(
     if clocks.step:  # only then: every other session's truth bytes stay as they were
         truth_obj["clock_step"] = {"seconds": clocks.step, "at_epoch": clocks.step_epoch}
     if spec.effects.any:  # appended (key order is part of the bytes): default sessions unchanged
-        intr = camera.true_intrinsics(FX, FY, CX, CY, spec.effects)
+        intr = camera.true_intrinsics(FX, FY, *principal_point(spec), spec.effects)
         truth_obj["camera_effects"] = spec.effects.describe()
         truth_obj["true_intrinsics"] = list(intr[:4])
         truth_obj["true_k1"] = intr[4]
+    if spec.rig.any:  # appended, as above
+        truth_obj["phone_rig"] = {"lever_arm": list(spec.phone.lever_arm), "imu_lead": spec.phone.imu_lead,
+                                  "principal_offset": list(spec.phone.principal_offset)}
     (folder / TRUTH_FILE).write_bytes(_dumps(truth_obj))
 
 

@@ -33,9 +33,11 @@ class ImuModel:
     gyro_bias: np.ndarray  # (3,) rad/s
     accel_noise: float  # g, white noise std per sample
     gyro_noise: float  # rad/s, per sample
+    lever_arm: tuple[float, float, float] = (0.0, 0.0, 0.0)  # m, the IMU's position in the camera frame
 
 
-def make_imu_model(rng: np.random.Generator, offset: float) -> ImuModel:
+def make_imu_model(rng: np.random.Generator, offset: float,
+                   lever_arm: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> ImuModel:
     tilt = rng.normal(0.0, 1.0, 3)
     tilt *= np.deg2rad(rng.uniform(2.0, 5.0)) / np.linalg.norm(tilt)
     return ImuModel(
@@ -45,6 +47,7 @@ def make_imu_model(rng: np.random.Generator, offset: float) -> ImuModel:
         gyro_bias=rng.uniform(-0.005, 0.005, 3),
         accel_noise=0.002,
         gyro_noise=0.0015,
+        lever_arm=lever_arm,
     )
 
 
@@ -62,13 +65,20 @@ def synth_imu(
     rng: np.random.Generator, traj: Trajectory, model: ImuModel, tau: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """(accel g, gyro rad/s), each (N,3) in the IMU frame at IMU-clock stamps tau:
-    exact values from the trajectory function plus constant bias and white noise."""
+    exact values from the trajectory function plus constant bias and white noise. With a
+    lever arm r the accelerometer is at the camera centre + R_wc r and measures
+    a + alpha x r + omega x (omega x r) (alpha by a central difference of omega, 1 ms)."""
     t = tau - model.offset
     R_wc = traj.rotation(t)
     a_world = traj.acceleration(t)  # m/s^2, gravity excluded
     a_cam = np.einsum("nji,nj->ni", R_wc, a_world)  # R_wc^T a
+    omega = traj.angular_velocity(t)
+    if any(model.lever_arm):
+        r = np.asarray(model.lever_arm)
+        alpha = (traj.angular_velocity(t + 1e-3) - traj.angular_velocity(t - 1e-3)) / 2e-3
+        a_cam = a_cam + np.cross(alpha, r) + np.cross(omega, np.cross(omega, r))
     accel = (a_cam @ model.R_imu_cam.T) / GRAVITY
-    gyro = traj.angular_velocity(t) @ model.R_imu_cam.T
+    gyro = omega @ model.R_imu_cam.T
     accel = accel + model.accel_bias + rng.normal(0.0, model.accel_noise, accel.shape)
     gyro = gyro + model.gyro_bias + rng.normal(0.0, model.gyro_noise, gyro.shape)
     return accel, gyro

@@ -17,7 +17,7 @@ import numpy as np
 
 from packer.synth import swift_json
 from packer.synth.clocks import iso8601
-from packer.synth.frames import CX, CY, FX, FY, HEIGHT, WIDTH, World, center_depth
+from packer.synth.frames import FX, FY, HEIGHT, WIDTH, World, center_depth, principal_point
 
 if TYPE_CHECKING:
     from packer.synth.clocks import Clocks
@@ -51,7 +51,7 @@ def write_poses(folder: Path, spec: SessionSpec, world: World, g_arkit: np.rando
         return _write_arkit_poses(folder, spec, world, g_arkit)
     (folder / "poses.json").write_bytes(swift_json.dumps([]))
     if spec.calib:
-        (folder / "calib.txt").write_text(" ".join(_describe_float32(v) for v in (FX, FY, CX, CY)))
+        (folder / "calib.txt").write_text(" ".join(_describe_float32(v) for v in (FX, FY, *principal_point(spec))))
     return PoseOutput(0, [], {})
 
 
@@ -112,7 +112,8 @@ def write_metadata(
     if spec.capture == "ultrawide":
         md["slamProcessed"] = False
         if spec.calib:
-            md["cameraIntrinsics"] = {"fx": FX, "fy": FY, "cx": CX, "cy": CY}
+            cx, cy = principal_point(spec)
+            md["cameraIntrinsics"] = {"fx": FX, "fy": FY, "cx": cx, "cy": cy}
         if imu_count:
             md["imuCount"] = imu_count
     else:

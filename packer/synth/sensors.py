@@ -35,7 +35,7 @@ def write_imu(
 ) -> ImuOutput:
     """imu.json: accel [g, gravity removed], gyro [rad/s], timestamp [epoch s] at 200 Hz
     from capture start to stop (or the `imu_duration_factor` part of it)."""
-    model = make_imu_model(g_imu, clocks.imu_offset_epoch)
+    model = make_imu_model(g_imu, clocks.imu_offset_epoch, spec.phone.lever_arm)
     nan_idx: list[int] = []
     imu_count = 0
     if spec.capture == "ultrawide":

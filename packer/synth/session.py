@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.effects import CameraEffects
+from packer.effects import CameraEffects, PhoneRig
 from packer.synth.clocks import plan_clocks, session_name
 from packer.synth.encoders import make_gripper
 from packer.synth.export import publish
@@ -55,6 +55,7 @@ def synth_session(
     device_model: str = DEVICE_MODEL,
     ios_version: str = IOS_VERSION,
     clock_step: float = 0.0, clock_step_at: float = 0.5, effects: CameraEffects | None = None,
+    rig: PhoneRig | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -100,6 +101,8 @@ def synth_session(
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
     effects: what a real phone camera does to the frames (`packer.synth.camera`:
     glove in view, lens, blur, rolling shutter, exposure, low texture); None: none.
+    rig: how the phone is built (`packer.effects.PhoneRig`: the IMU off the optical
+    centre, a later first frame, an off-centre principal point), drawn per seed; None: none.
 
     The session is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -110,6 +113,7 @@ def synth_session(
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
         clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(),
+        rig=rig or PhoneRig(),
     )
     return write_session(out_dir, spec)
 
@@ -125,7 +129,7 @@ def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
 
     rng = Rngs.from_seed(spec.seed)
     clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock, spec.clock_step,
-                         spec.clock_step_at)
+                         spec.clock_step_at, spec.phone.imu_lead)
     world = build_world(spec, rng.scene, rng.traj)
     joints = None
     if spec.effects.glove:  # the fingers in view follow the joints the glove records (same draws)

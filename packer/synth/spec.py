@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer.effects import CameraEffects
+from packer.effects import CameraEffects, PhoneRig
 from packer.synth.encoders import JOINT_NAMES
 from packer.synth.trajectory import MOTIONS
 
@@ -52,6 +52,8 @@ class SessionSpec:
     clock_step: float = 0.0
     clock_step_at: float = 0.5
     effects: CameraEffects = CameraEffects()  # what the phone camera does to the frames (none: ideal)
+    rig: PhoneRig = PhoneRig()  # how the phone is built (none: the IMU at the optical centre)
+    phone: DrawnPhone = field(init=False)  # this session's draw within `rig`
     dropped: list[int] = field(init=False)  # sorted unique `drop_frames`
     present: list[int] = field(init=False)  # frame indices that get a JPEG
 
@@ -83,11 +85,34 @@ class SessionSpec:
         if not 0.0 < self.clock_step_at < 1.0:
             raise ValueError("clock_step_at must be in (0, 1): a fraction of the capture")
         self.fps = float(self.fps)
+        self.phone = DrawnPhone.draw(self.rig, int(self.seed))
 
     @property
     def scale(self) -> float:
         """The world's length multiplier (`scale_hint`, None meaning 1)."""
         return 1.0 if self.scale_hint is None else float(self.scale_hint)
+
+
+@dataclass(frozen=True)
+class DrawnPhone:
+    """One session's phone within a `PhoneRig`: from its own generator on the seed, so
+    no other stream moves, and all zero for the default rig (the same bytes as before)."""
+
+    lever_arm: tuple[float, float, float] = (0.0, 0.0, 0.0)  # m, the IMU's position in the camera frame
+    imu_lead: float = 0.0  # s added to frame 0's delay after the IMU's start
+    principal_offset: tuple[float, float] = (0.0, 0.0)  # px, true principal point - the image centre
+
+    @classmethod
+    def draw(cls, rig: PhoneRig, seed: int) -> DrawnPhone:
+        if not rig.any:
+            return cls()
+        g = np.random.default_rng(np.random.SeedSequence([seed, 0x9407]))
+        d = g.normal(0.0, 1.0, 3) * np.array([1.0, 1.0, 0.3])  # mostly in the phone's plane
+        lever = d / np.linalg.norm(d) * rig.lever_arm * g.uniform(0.5, 1.0)
+        lead = float(g.uniform(*rig.imu_lead))
+        a = g.uniform(0, 2 * np.pi)
+        pp = rig.principal_offset * g.uniform(0.5, 1.0) * np.array([np.cos(a), np.sin(a)])
+        return cls(tuple(float(v) for v in lever), lead, (float(pp[0]), float(pp[1])))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

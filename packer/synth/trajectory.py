@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 GRAVITY = 9.80665
-MOTIONS = ("hand", "weak", "rotation-only", "static", "fast")
+MOTIONS = ("hand", "weak", "rotation-only", "static", "fast", "vigorous")
 WEAK = 0.3  # "weak": the hand path at this fraction of its size
 
 
@@ -159,11 +159,14 @@ def make_trajectory(rng: np.random.Generator, motion: str, start: np.ndarray, ta
     still fixes the scale, but with a fifth of the signal over the same noise);
     "rotation-only": the same rotation with the centre fixed (scale unobservable);
     "static": a fixed pose (every frame identical);
-    "fast": real hand speeds (`make_fast_trajectory`)."""
+    "fast": real hand speeds (`make_fast_trajectory`); "vigorous": faster and sustained
+    (`make_vigorous_trajectory`)."""
     if motion not in MOTIONS:
         raise ValueError(f"motion must be one of {MOTIONS}, got {motion!r}")
     if motion == "fast":
         return make_fast_trajectory(rng, start, target)
+    if motion == "vigorous":
+        return make_vigorous_trajectory(rng, start, target)
     K = 3
     lo_amp, hi_amp = np.array([[0.08], [0.03], [0.01]]), np.array([[0.2], [0.07], [0.03]])
     pos_amp = rng.uniform(lo_amp, hi_amp, (K, 3)) * np.array([1.0, 0.6, 0.5])
@@ -218,3 +221,20 @@ def make_fast_trajectory(rng: np.random.Generator, start: np.ndarray, target: np
     return Trajectory(np.asarray(start, dtype=np.float64), pos_amp, pos_freq, pos_phase,
                       np.asarray(target, dtype=np.float64), rot_amp, rot_freq, rot_phase,
                       pause_c, pause_w, pause_h, flick_c, flick_s, flick_amp)
+
+
+def make_vigorous_trajectory(rng: np.random.Generator, start: np.ndarray, target: np.ndarray) -> Trajectory:
+    """Fast hand motion sustained, as a session made outside the project had it: per axis
+    sums of sinusoids at 0.35-1.4 Hz with up to ~0.35 m of sweep sideways, accelerations
+    to ~1 g (RMS ~5 m/s^2), rotation to ~2.5-3.5 rad/s (RMS ~1.3), 26-34 m of path in
+    30 s; no pauses (the hand never rests)."""
+    K = 3
+    pos_freq = rng.uniform(np.array([[0.35], [0.65], [1.0]]), np.array([[0.6], [0.95], [1.4]]), (K, 3))
+    pos_amp = rng.uniform(np.array([[0.18], [0.08], [0.04]]), np.array([[0.26], [0.12], [0.06]]), (K, 3))
+    pos_amp = pos_amp * np.array([1.3, 0.55, 0.8])
+    pos_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    rot_amp = rng.uniform(np.array([[0.1], [0.05], [0.03]]), np.array([[0.2], [0.1], [0.05]]), (K, 3))
+    rot_freq = rng.uniform(np.array([[0.3], [0.6], [0.9]]), np.array([[0.6], [0.9], [1.3]]), (K, 3))
+    rot_phase = rng.uniform(0, 2 * np.pi, (K, 3))
+    return Trajectory(np.asarray(start, dtype=np.float64), pos_amp, pos_freq, pos_phase,
+                      np.asarray(target, dtype=np.float64), rot_amp, rot_freq, rot_phase)

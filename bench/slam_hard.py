@@ -125,6 +125,11 @@ def accuracy(d: Path, src: Path) -> dict:
         "readout_ms": 1000 * float(info.get("rolling_shutter") or 0.0),
         "camera": info.get("camera"),
         "repaired": "gyro_repair" in info,  # refused by the gyro check, then mapped on the gyro's rotations
+        # the windowed solve's own answer where the adjustment replaced it (--solver auto), same sign convention
+        "window_error_pct": (100 * (float(info["scale"]) / (k * float(info["window_scale"])) - 1.0)
+                             if info.get("window_scale") and info.get("scale") else float("nan")),
+        "viba_imu_chi2": float(info.get("viba_imu_chi2") or np.nan),
+        "lever_arm": info.get("imu_lever_arm"),
     }
 
 

@@ -206,22 +206,64 @@ def test_a_repair_that_does_not_pass_keeps_the_gyro_refusal_and_says_what_it_fou
     assert json.loads((d / "poses.json").read_text()) == []  # the app's empty file, as synth wrote it
 
 
-def test_where_the_bundle_adjustment_refuses_the_windowed_answer_stands_and_says_why(tmp_path, monkeypatch):
+def test_where_the_bundle_adjustment_cannot_run_the_windowed_answer_stands_and_says_why(tmp_path, monkeypatch):
     """`--solver auto` (the default): a model the windowed solve accepted whose bundle
-    adjustment refuses keeps the windowed scale, and metadata.json names the refusal.
-    (The adjustment is made to refuse here: on the benches it has not, on such models.)"""
+    adjustment could not run at all (`AdjustmentFailed`: it says nothing about the model)
+    keeps the windowed scale, and metadata.json names why. (Made to fail here.)"""
     from packer.slam import viba_scale as vs
 
+    def fails(session, *_a, **_k):
+        raise vs.AdjustmentFailed.of(session, "rgb/", "visual-inertial bundle adjustment failed: made to fail")
+
+    monkeypatch.setattr(vs, "viba_scale", fails)
+    d = synth_session(tmp_path, "session_2026-01-01_120005", 120, HAND_SEED, imu_offset=0.0237)
+    r = slam_session(d, fast())
+    assert r.status == "ok", r.message
+    assert r.info["solver"] == "window" and "made to fail" in r.info["viba_refused"], r.info
+    assert "window_scale" not in r.info and r.info["scale"] > 0
+    assert accuracy(d)["scale_err"] < 0.02
+
+
+def test_a_refusal_of_the_bundle_adjustment_is_never_overruled_by_the_windowed_answer(tmp_path, monkeypatch):
+    """Where the adjustment refuses (the images and the IMU disagree), the session is
+    refused, saying the windowed answer it did not accept; nothing is written, and the
+    same inputs get the same refusal at once (remembered, not mapped again)."""
+    from packer.slam import viba_scale as vs
+
+    calls = []
+
     def refuses(session, *_a, **_k):
-        raise session.error("rgb/", "visual-inertial bundle adjustment failed: made to fail by the test")
+        calls.append(1)
+        raise session.error("rgb/", "poses refused: the images and the IMU disagree (made so by the test)")
 
     monkeypatch.setattr(vs, "viba_scale", refuses)
     d = synth_session(tmp_path, "session_2026-01-01_120005", 120, HAND_SEED, imu_offset=0.0237)
     r = slam_session(d, fast())
-    assert r.status == "ok", r.message
-    assert r.info["solver"] == "window" and "made to fail by the test" in r.info["viba_refused"], r.info
-    assert "window_scale" not in r.info and r.info["scale"] > 0
-    assert accuracy(d)["scale_err"] < 0.02
+    assert r.failed and "made so by the test" in r.message, r.message
+    assert "the windowed accelerometer solve alone gave" in r.message and "not accepted" in r.message
+    assert json.loads((d / "poses.json").read_text()) == []
+    assert len(calls) == 1
+    again = slam_session(d, fast())
+    assert again.failed and store.REFUSAL_KEY in json.loads((d / "metadata.json").read_text())
+    assert again.message.startswith(r.message) and "refused before on these same inputs" in again.message
+    assert len(calls) == 1  # not mapped again
+    forced = slam_session(d, fast(force=True))
+    assert forced.failed and "refused before" not in forced.message and len(calls) == 2
+
+
+def test_a_remembered_refusal_goes_when_the_inputs_change_or_a_result_is_written(tmp_path):
+    """A rotation-only session is refused (scale unobservable); with the same inputs the
+    refusal comes back from metadata.json; `--scale none` (other options) maps it and
+    writes poses, which clears the remembered refusal."""
+    d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5, motion="rotation-only")
+    r = slam_session(d, fast())
+    assert r.failed and "translat" in r.message, r.message
+    assert "refused before" in slam_session(d, fast()).message
+    ok = slam_session(d, fast(scale="none"))
+    assert ok.status == "ok", ok.message
+    assert store.REFUSAL_KEY not in json.loads((d / "metadata.json").read_text())
+    again = slam_session(d, fast())  # the IMU scale again: these inputs were never refused on the record now
+    assert again.failed and "refused before" not in again.message, again.message
 
 
 def test_viba_names_a_still_camera_in_the_same_words(tmp_path):

@@ -75,3 +75,28 @@ def test_the_adjustment_sees_the_camera_centre_acceleration():
     inner = slice(2, -2)  # the ends' one-sided differences
     assert np.max(np.abs(raw - want)[inner]) > 0.3  # m/s^2: what the lever arm adds at these speeds
     assert np.max(np.abs(fixed - want)[inner]) < 0.02
+
+
+def _solved(chi2: float, inliers: float, rms: float):
+    from packer.slam.viba import VibaResult
+
+    return VibaResult(T_wc=np.eye(4)[None], scale=1.0, rel_std=0.01, imu_chi2=chi2, visual_chi2=1.0,
+                      reprojection_rms=rms, inlier_fraction=inliers, n_points=100, n_observations=1000,
+                      accel_bias=np.zeros(3), gyro_bias=np.zeros(3), seconds=1.0, camera=[400.0, 240.0, 180.0, 0.0])
+
+
+def test_a_refusal_names_the_side_that_does_not_fit():
+    """Images that fit (or a model that turns with the gyro) and an IMU that does not:
+    the IMU model is named and "more texture" is not said; images that do not fit get
+    the scene's advice."""
+    from packer.slam.viba import VibaOptions
+    from packer.slam.viba_scale import disagreement_reason
+
+    vopt = VibaOptions()
+    imu_side = disagreement_reason(_solved(21.0, 0.97, 0.4), vopt)
+    assert "IMU chi^2/dof 21.00" in imu_side and "the scene is not the cause" in imu_side
+    assert "texture" not in imu_side and "--scale marker" in imu_side
+    turns = disagreement_reason(_solved(35.4, 0.66, 2.1), vopt, rotations_agree=0.02)
+    assert "turns with the gyro (2% disagreement)" in turns and "texture" not in turns
+    scene = disagreement_reason(_solved(3.0, 0.5, 2.5), vopt)
+    assert "sliding features" in scene and "more texture" in scene

@@ -76,7 +76,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
     fit_std = r.rel_std * (1.0 if imu_chi2_ref is None else float(np.sqrt(max(1.0, r.imu_chi2 / imu_chi2_ref))))
     join_std = join_rel_std(r.T_wc[:, :3, 3], joins, join_offset)
     rel_std = float(np.sqrt(fit_std**2 + model_std**2 + join_std**2))
-    _check(session, opts, vopt, r, rel_std, sr.excitation, len(joins), join_std)
+    _check(session, opts, vopt, r, rel_std, sr.excitation, len(joins), join_std,
+           None if model.check_R_wc is not None or disagree > opts.max_gyro_disagreement else disagree)
     return r.scale, True, {
         "keyframe_poses": r.T_wc,
         "solver": "viba",
@@ -167,12 +168,12 @@ def join_rel_std(centres: np.ndarray, joins: tuple[np.ndarray, ...], offset: flo
 
 
 def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult, rel_std: float,
-           excitation: float, joins: int = 0, join_std: float = 0.0) -> None:
+           excitation: float, joins: int = 0, join_std: float = 0.0, rotations_agree: float | None = None) -> None:
     """Refuse a solved graph that is inconsistent, or a scale it leaves uncertain (saying
     "more translation" only where the IMU saw little motion, and naming the `joins` of
     parts the IMU alone placed where their term `join_std` is most of the std)."""
     if r.imu_chi2 > vopt.max_imu_chi2 or r.inlier_fraction < vopt.min_inliers:
-        raise session.error("rgb/", disagreement_reason(r, vopt))
+        raise session.error("rgb/", disagreement_reason(r, vopt, rotations_agree))
     max_std = opts.scale_options.max_rel_std
     if not rel_std <= max_std:
         head = (f"scale poorly constrained: {r.scale:.4g} +- {rel_std:.1%} (need <= {max_std:.0%}) after the "
@@ -191,17 +192,21 @@ def _check(session: Session, opts: SlamOptions, vopt: VibaOptions, r: VibaResult
                             "known-distance")
 
 
-def disagreement_reason(r: VibaResult, vopt: VibaOptions) -> str:
+def disagreement_reason(r: VibaResult, vopt: VibaOptions, rotations_agree: float | None = None) -> str:
     """Why the solved graph is refused, naming the side that does not fit. Where the
-    images fit (most observations kept, sub-pixel), the scene is not the cause and
-    "more texture" would be wrong advice: the IMU's motion model does not explain the
-    recording (measured on fast sessions: an IMU off the optical centre that the solve
-    did not place gave chi^2/dof 2-21 in sharp, textured rooms)."""
+    images fit (most observations kept, sub-pixel), or the model's own rotations agree
+    with the gyro (`rotations_agree`: their disagreement, within the windowed check's
+    limit), the scene is not the cause and "more texture" would be wrong advice: the
+    IMU's motion model does not explain the recording (measured on fast sessions: an IMU
+    off the optical centre that the solve did not place gave chi^2/dof 2-21 in sharp,
+    textured rooms)."""
     head = (f"poses refused: after the visual-inertial bundle adjustment the images and the IMU still disagree "
             f"(IMU chi^2/dof {r.imu_chi2:.2f}, need <= {vopt.max_imu_chi2:g}; {r.inlier_fraction:.0%} of the "
             f"observations fit, need {vopt.min_inliers:.0%})")
-    if r.inlier_fraction >= vopt.min_inliers and r.reprojection_rms <= 1.0:
-        return (f"{head}: the images fit ({r.reprojection_rms:.2f} px RMS), the IMU's motion does not fit them, so "
+    if rotations_agree is not None or (r.inlier_fraction >= vopt.min_inliers and r.reprojection_rms <= 1.0):
+        fit = (f"the images fit ({r.reprojection_rms:.2f} px RMS)" if r.inlier_fraction >= vopt.min_inliers else
+               f"the images' own model turns with the gyro ({rotations_agree:.0%} disagreement)")
+        return (f"{head}: {fit}, the IMU's motion does not fit them, so "
                 "the scene is not the cause: the IMU model does not explain this recording (its clock, where it "
                 "sits on the phone, its noise at these speeds). Scale it with --scale marker or known-distance, "
                 "or record the same moves more slowly")

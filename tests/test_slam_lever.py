@@ -100,3 +100,23 @@ def test_a_refusal_names_the_side_that_does_not_fit():
     assert "turns with the gyro (2% disagreement)" in turns and "texture" not in turns
     scene = disagreement_reason(_solved(3.0, 0.5, 2.5), vopt)
     assert "sliding features" in scene and "more texture" in scene
+
+
+def test_a_vigorous_hand_is_not_read_as_gravity():
+    """The app's userAcceleration has no gravity; a vigorous hand's median |a| reaches
+    0.5 g (fast-phone seed 8), which the median-norm rule read as gravity (and fitted a
+    gravity vector into it: 13-22% off). Turned into one frame by the gyro, gravity is a
+    constant ~1 g and a hand's acceleration averages out: that tells them apart."""
+    from packer.slam.imu_align import ImuTrack
+    from packer.slam.scale import GRAVITY, detect_accel_mode
+
+    traj, model, tau, accel, gyro, *_ = _session(5, (0.03, -0.06, 0.01))
+    t = tau - model.offset
+    strong = accel * (0.6 / float(np.median(np.linalg.norm(accel, axis=1))))  # median |a| 0.6 g
+    track = ImuTrack(t, strong * GRAVITY, gyro - model.gyro_bias)
+    assert detect_accel_mode(strong) == "raw"  # the old rule, fooled
+    assert detect_accel_mode(strong, track) == "removed"
+    R_wc = traj.rotation(t)
+    up = np.einsum("ij,nkj,k->ni", model.R_imu_cam, R_wc, np.array([0.0, 0.0, 1.0]))  # specific force of gravity
+    raw = strong + up
+    assert detect_accel_mode(raw, ImuTrack(t, raw * GRAVITY, gyro - model.gyro_bias)) == "raw"

@@ -23,6 +23,7 @@ class CameraEffects:
     rolling_shutter: float = 0.0  # readout time top to bottom row, s (0: global shutter)
     exposure: bool = False
     low_texture: float = 0.0  # grain std in grey levels on the plain surfaces (0: all textured)
+    photos: bool = False  # the room papered with real photographs (`packer.synth.photos`; needs scikit-image)
 
     @property
     def any(self) -> bool:
@@ -30,6 +31,8 @@ class CameraEffects:
 
     def describe(self) -> dict:
         d = asdict(self)
+        if not self.photos:
+            d.pop("photos")  # the truth of every session rendered before stays as it was
         if self.lens:
             d.update(lens_focal=LENS_FOCAL, lens_principal_point=list(LENS_PP), lens_k1=LENS_K1)
         return d
@@ -75,10 +78,14 @@ PROFILES: dict[str, tuple[str, CameraEffects]] = {
     "all": ("fast", ALL_EFFECTS),
     "fast-phone": ("vigorous", CameraEffects()),
     "fast-phone-all": ("vigorous", ALL_EFFECTS),
+    # a room papered with photographs, every camera effect but plain surfaces, fast hand, a real phone's build
+    "photos": ("fast", CameraEffects(glove=True, lens=True, blur=0.008, rolling_shutter=0.020, exposure=True,
+                                     photos=True)),
 }
 # the phone's build per profile (PhoneRig() where absent): a fast session made elsewhere was accepted 19% off,
 # and a lever arm this size at these speeds is what our own renders had never shown the stage
 PHONE_RIGS: dict[str, PhoneRig] = {
     "fast-phone": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
     "fast-phone-all": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
+    "photos": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
 }

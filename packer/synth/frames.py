@@ -28,17 +28,17 @@ CX, CY = 240.0, 180.0  # COLMAP convention: pixel (i, j) has its centre at (i + 
 JPEG_QUALITY = 80  # the app: UIImage.jpegData(compressionQuality: 0.8)
 _DEPTH_MAP = (256, 192)  # ARKit sceneDepth resolution; the app takes a 5x5 median at its centre
 
-_SCENES: dict[tuple[int, float, float], Scene] = {}
+_SCENES: dict[tuple[int, float, float, bool], Scene] = {}
 
 
-def _scene(seed: int, scale: float, rng: np.random.Generator, plain_grain: float = 0.0) -> Scene:
+def _scene(seed: int, scale: float, rng: np.random.Generator, plain_grain: float = 0.0, photos: bool = False) -> Scene:
     """make_scene, remembered for the last few (seed, scale, grain): texture generation
     is the slow part of a short session, and tests re-synthesise the same seed."""
-    key = (seed, scale, plain_grain)
+    key = (seed, scale, plain_grain, photos)
     if key not in _SCENES:
         while len(_SCENES) >= 4:
             _SCENES.pop(next(iter(_SCENES)))
-        _SCENES[key] = make_scene(rng, scale, plain_grain)
+        _SCENES[key] = make_scene(rng, scale, plain_grain, photos)
     return _SCENES[key]
 
 
@@ -70,10 +70,10 @@ def build_world(spec: SessionSpec, g_scene: np.random.Generator, g_traj: np.rand
     scale = spec.scale
     grain = spec.effects.low_texture
     if spec.scene_seed is None:
-        scene = _scene(int(spec.seed), scale, g_scene, grain)
+        scene = _scene(int(spec.seed), scale, g_scene, grain, spec.effects.photos)
     else:
         ss_scene = np.random.SeedSequence([int(spec.scene_seed), 0x5EED]).spawn(1)[0]
-        scene = _scene(int(spec.scene_seed), scale, np.random.default_rng(ss_scene), grain)
+        scene = _scene(int(spec.scene_seed), scale, np.random.default_rng(ss_scene), grain, spec.effects.photos)
     table = scene.boxes[0]
     target = np.array(
         [

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from packer.synth.photos import photo_texture
+
 ROOM_TEXEL = 0.004  # m per texel on walls/floor/ceiling
 OBJECT_TEXEL = 0.002  # finer on the nearby objects
 _LIGHT = np.array([0.35, -0.45, 0.82])  # direction towards the light (world)
@@ -114,12 +116,13 @@ def _plain(rng: np.random.Generator, h: int, w: int, grain: float) -> np.ndarray
 _PLAIN_FACES = frozenset({0, 3} | set(range(6, 12)))
 
 
-def make_scene(rng: np.random.Generator, scale: float = 1.0, plain_grain: float = 0.0) -> Scene:
+def make_scene(rng: np.random.Generator, scale: float = 1.0, plain_grain: float = 0.0, photos: bool = False) -> Scene:
     """A random room around the origin (camera starts near (0,0,0) looking +y):
     floor 0.8-1.0 m below, back wall 2-3 m ahead, a table block 0.5-1.3 m ahead with
     two or three objects on it and a crate on the floor. `scale` multiplies every
     length (the truth poses use the same scaled metres). `plain_grain` > 0 makes the
-    table and two walls plain (`_plain`), the low-texture room."""
+    table and two walls plain (`_plain`), the low-texture room; `photos`: every surface
+    papered with real photographs (`packer.synth.photos`)."""
     floor = -rng.uniform(0.8, 1.0)
     room = Box(
         np.array([-rng.uniform(1.2, 1.6), -rng.uniform(0.8, 1.2), floor]),
@@ -140,11 +143,11 @@ def make_scene(rng: np.random.Generator, scale: float = 1.0, plain_grain: float 
     if scale != 1.0:
         room = Box(room.lo * scale, room.hi * scale)
         boxes = [Box(b.lo * scale, b.hi * scale) for b in boxes]
-    return _build_atlas(rng, room, boxes, scale, plain_grain)
+    return _build_atlas(rng, room, boxes, scale, plain_grain, photos)
 
 
 def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: float,
-                 plain_grain: float = 0.0) -> Scene:
+                 plain_grain: float = 0.0, photos: bool = False) -> Scene:
     faces = []  # (axis_u, axis_v, lo_u, lo_v, w, h, texel, shade)
     for bi, b in enumerate([room] + boxes):
         texel = (ROOM_TEXEL if bi == 0 else OBJECT_TEXEL) * scale
@@ -173,6 +176,8 @@ def _build_atlas(rng: np.random.Generator, room: Box, boxes: list[Box], scale: f
     for i, (f, u0, v0) in enumerate(zip(faces, u0s, v0s)):
         if plain_grain > 0 and i in _PLAIN_FACES:
             tex = _plain(rng, f[5], f[4], plain_grain)
+        elif photos:
+            tex = photo_texture(rng, f[5], f[4], f[6])
         else:
             tex = _texture(rng, f[5], f[4], f[6] / scale)
         atlas[v0 : v0 + f[5], u0 : u0 + f[4]] = (tex.astype(np.float32) * f[7]).astype(np.uint8)

@@ -336,17 +336,29 @@ def test_interpolation_between_keyframes_keeps_the_scale(motion: str):
     assert worst < 0.001
 
 
-def test_a_phone_whose_imu_sits_off_the_camera_is_scaled_right_at_the_defaults(tmp_path: Path):
+@pytest.fixture(scope="module")
+def fast_phone(tmp_path_factory) -> Path:
+    """`packer synth --profile fast-phone`, bench seed 4, 15 s: rendered once, copied per test."""
+    from packer.effects import PHONE_RIGS
+
+    motion, fx = PROFILES["fast-phone"]
+    return synth_seed(tmp_path_factory.mktemp("fast_phone"), 4, 900, motion, fx, PHONE_RIGS["fast-phone"])
+
+
+def _copy(session: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(session, tmp_path / "raw" / session.name))
+
+
+def test_a_phone_whose_imu_sits_off_the_camera_is_scaled_right_at_the_defaults(tmp_path: Path, fast_phone: Path):
     """Vigorous hand motion (~1 g, to ~3 rad/s) on a phone whose IMU sits 4-8 cm from the
     camera and starts 0.05-0.3 s before frame 0, with an off-centre principal point
     (`packer synth --profile fast-phone`, bench seed 4, 15 s). The lever arm's
     acceleration, read as motion, had made the adjustment refuse and the windowed
     answer be kept 1.6% off at 2.4 std; found now (`imu_lever_arm`), the session is
     accepted within 2% and 3 std."""
-    from packer.effects import PHONE_RIGS
-
-    motion, fx = PROFILES["fast-phone"]
-    d = synth_seed(tmp_path / "raw", 4, 900, motion, fx, PHONE_RIGS["fast-phone"])
+    d = _copy(fast_phone, tmp_path)
     r = _slam_cli(tmp_path / "raw")
     assert_never_wrong(d, r, ())
     assert r.returncode == 0, r.stderr
@@ -357,14 +369,12 @@ def test_a_phone_whose_imu_sits_off_the_camera_is_scaled_right_at_the_defaults(t
     assert abs(info["imu_offset"] - tr["imu_offset"]) < 0.005
 
 
-def test_where_the_adjustment_refuses_a_fast_phone_session_the_windowed_answer_is_not_kept(tmp_path: Path):
+def test_where_the_adjustment_refuses_a_fast_phone_session_the_windowed_answer_is_not_kept(tmp_path: Path,
+                                                                                            fast_phone: Path):
     """The same session with the lever arm left out (`[scale] lever_arm = false`, the
     stage before): what the adjustment refuses is refused, naming the IMU model, not the
     scene; whatever is accepted is within 2% and 3 std."""
-    from packer.effects import PHONE_RIGS
-
-    motion, fx = PROFILES["fast-phone"]
-    d = synth_seed(tmp_path / "raw", 4, 900, motion, fx, PHONE_RIGS["fast-phone"])
+    d = _copy(fast_phone, tmp_path)
     (tmp_path / "shardship.toml").write_text("[scale]\nlever_arm = false\n")
     r = subprocess.run([sys.executable, "-m", "packer", "slam", "--raw", str(tmp_path / "raw"), "--quiet",
                         "--config", str(tmp_path / "shardship.toml")], capture_output=True, text=True, timeout=600)

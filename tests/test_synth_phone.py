@@ -53,7 +53,7 @@ def test_a_vigorous_hands_samples_carry_no_gravity(tmp_path):
     """The app's userAcceleration: the median |a| of a vigorous hand nears 0.5 g, but
     in one frame (the gyro's) the samples average out (no gravity's constant 1 g)."""
     motion, fx = PROFILES["fast-phone"]
-    d = synth_session(tmp_path, "session_2026-01-01_120000", 600, seed=8, motion=motion, effects=fx,
+    d = synth_session(tmp_path, "session_2026-01-01_120000", 300, seed=8, motion=motion, effects=fx,
                       rig=PHONE_RIGS["fast-phone"])
     imu = load_imu(load_session(d))
     from packer.slam.imu_align import ImuTrack

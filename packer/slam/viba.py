@@ -50,7 +50,7 @@ import numpy as np
 
 from packer.slam.rotations import umeyama
 from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
-from packer.slam.viba_timing import best_timing, estimate_readout
+from packer.slam.viba_timing import best_lever, best_timing, estimate_readout
 
 GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2), as in `packer.slam.scale`
 
@@ -83,6 +83,8 @@ class VibaOptions:
     gyro_bias_prior: float = 0.01  # rad/s, the std of the prior on the first keyframe's gyro bias around its start
     offset_search: float = 0.0  # s: search the clock offset this far around the one given, with the readout
     # (`viba_timing`: a repaired model's offset is its start's); 0: hold the offset given
+    lever_search: float = 0.04  # m: where a lever arm is given, search it this far around (`viba_timing.best_lever`);
+    # 0: hold it
     landmark_prior: float = 10.0  # m, a prior on every point where it starts: keeps a point seen along one ray
     # (no parallax, a corner on the glove) from making the system singular; ~1e-7 of what one observation weighs
 
@@ -104,6 +106,7 @@ class VibaResult:
     camera: list[float]  # [f, cx, cy, k1] after the solve
     rolling_shutter: float = 0.0  # s, the readout used (given or estimated)
     offset_shift: float = 0.0  # s, added to the clock offset given (`VibaOptions.offset_search`)
+    lever_arm: np.ndarray | None = None  # m, the IMU's position in the camera frame used (searched: `lever_search`)
 
 
 
@@ -295,8 +298,11 @@ def solve_viba(
     t = np.asarray(imu_t, dtype=np.float64) - offset
     acc = accel_sign * np.asarray(accel_g, dtype=np.float64) * GRAVITY
     gyr = np.asarray(gyro, dtype=np.float64)
-    if lever_arm is not None:
-        acc = at_camera_centre(t, acc, gyr - np.asarray(gyro_bias, dtype=np.float64), np.asarray(R_ic) @ lever_arm)
+    omega = gyr - np.asarray(gyro_bias, dtype=np.float64)
+    lever = None if lever_arm is None else np.asarray(lever_arm, dtype=np.float64)
+
+    def accel_at_centre(r: np.ndarray | None) -> np.ndarray:
+        return acc if r is None else at_camera_centre(t, acc, omega, np.asarray(R_ic) @ r)
     key_ts = np.asarray(key_ts, dtype=np.float64)
     inside = (key_ts >= t[0]) & (key_ts <= t[-1])
     if inside.sum() < 4 or not (scale0 > 0):
@@ -307,18 +313,18 @@ def solve_viba(
     bias0 = gsam.imuBias.ConstantBias(b_acc, np.asarray(gyro_bias, dtype=np.float64))
     key_T = np.asarray(key_T, dtype=np.float64)
 
-    def run(o: VibaOptions, passes: int, shift: float = 0.0):
+    def run(o: VibaOptions, passes: int, shift: float = 0.0, r: np.ndarray | None = None):
         ts = t - shift  # the IMU samples in the frame clock at offset + shift
-        pr = _problem(key_ts, key_T, inside, model, np.asarray(R_ic), scale0, o,
-                      (ts, gyr - np.asarray(gyro_bias, dtype=np.float64)))
+        pr = _problem(key_ts, key_T, inside, model, np.asarray(R_ic), scale0, o, (ts, omega))
         if len(pr.obs) < 30:
             raise VibaError(f"only {len(pr.obs)} observations of points tracked over {o.min_track}+ keyframes")
-        return (pr, *_passes(gsam, pr, ts, acc, gyr, params, bias0, [float(c) for c in model.camera], o, passes))
+        return (pr, *_passes(gsam, pr, ts, accel_at_centre(r), gyr, params, bias0, [float(c) for c in model.camera],
+                             o, passes))
 
-    def quick(readout: float, shift: float) -> tuple[float, float]:
+    def quick(readout: float, shift: float, r: np.ndarray | None = lever) -> tuple[float, float]:
         """(visual chi^2 per row, the whole cost) of one pass on the longest tracks."""
         _pr, graph, res, _keep = run(replace(opt, max_points=min(opt.max_points, 300), max_iterations=8,
-                                             rolling_shutter=readout), 1, shift)
+                                             rolling_shutter=readout), 1, shift, r)
         _imu, vis, total, rows = _chi2(graph, res)
         return vis / max(rows, 1), total
 
@@ -328,11 +334,14 @@ def solve_viba(
         opt = replace(opt, rolling_shutter=readout)
     elif opt.rolling_shutter is None:
         opt = replace(opt, rolling_shutter=estimate_readout(lambda r: quick(r, 0.0)[0]))
-    pr, graph, res, keep = run(opt, 2, shift)
+    if lever is not None and opt.lever_search > 0:
+        lever = best_lever(lambda r: quick(float(opt.rolling_shutter or 0.0), shift, r)[1], lever, opt.lever_search,
+                           VibaError)
+    pr, graph, res, keep = run(opt, 2, shift, lever)
     out = _result(gsam, graph, res, pr, key_ts, key_T, inside, [float(c) for c in model.camera], keep, t0)
     # GTSAM's accelerometer bias is in the signed samples' frame; the windowed solve's (and metadata's) is not
     return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias,
-                   offset_shift=shift)
+                   offset_shift=shift, lever_arm=lever)
 
 
 def at_camera_centre(t: np.ndarray, acc: np.ndarray, omega: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -97,7 +97,10 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
         **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),
         "scale_start": sr.scale,
-        "imu_lever_arm": sr.lever_arm,  # m, the IMU's position in the camera frame (None: at its centre)
+        # m, the IMU's position in the camera frame (None: at its centre): the adjustment's search from the
+        # windowed solve's (`imu_lever_arm_window`), which only its significance admits
+        "imu_lever_arm": None if r.lever_arm is None else [float(v) for v in r.lever_arm],
+        "imu_lever_arm_window": sr.lever_arm,
         "imu_lever_arm_chi2": sr.lever_arm_chi2,
         "accel_mode": sr.accel_mode,
         "accel_sign": sr.accel_sign,

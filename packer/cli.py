@@ -103,7 +103,8 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
               help="A SLAM benchmark profile: its motion and effects (overrides --motion and --effect); "
               "'all' is fast motion with every effect; 'fast-phone' vigorous motion on a phone whose IMU sits "
               "4-8 cm from the camera, starts 0.05-0.3 s before frame 0, with an off-centre principal point "
-              "('fast-phone-all': with every effect too).")
+              "('fast-phone-all': with every effect too); 'photos': fast hand in a room papered with real "
+              "photographs, every effect but plain surfaces, that phone (needs scikit-image).")
 @click.option("--export", type=click.Choice(["zip", "folder"]), default="zip", show_default=True,
               help="zip: what the app hands you (session_X.zip + session_X.metadata.json); folder: unzipped.")
 @click.option("--fps", type=click.Choice(["60", "30"]), default="60", show_default=True,

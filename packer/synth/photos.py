@@ -17,6 +17,8 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from shardship.errors import ShardshipError
+
 PHOTOS = ("brick", "grass", "gravel", "page", "text", "coffee", "chelsea", "astronaut", "rocket", "camera",
           "coins", "motorcycle_left", "hubble_deep_field", "color", "ihc", "moon", "horse", "clock_motion")
 _TILE_M = (0.25, 0.7)  # m, the printed size of one photograph on a surface
@@ -24,14 +26,15 @@ _TILE_M = (0.25, 0.7)  # m, the printed size of one photograph on a surface
 
 @functools.lru_cache(maxsize=1)
 def load_photos() -> tuple[np.ndarray, ...]:
-    """The photographs as (h, w, 3) uint8 RGB (grey ones repeated); raises a one-line
-    ImportError naming the package when scikit-image is not installed."""
+    """The photographs as (h, w, 3) uint8 RGB (grey ones converted); a one-line error
+    naming the package when scikit-image is not installed."""
     try:
         import importlib.resources as resources
 
         folder = resources.files("skimage") / "data"
     except ModuleNotFoundError:
-        raise ImportError("the photo room needs scikit-image's sample photographs: pip install scikit-image") from None
+        raise ShardshipError("the photo room (--profile photos) needs scikit-image's sample photographs: "
+                             "pip install scikit-image") from None
     out = []
     for name in PHOTOS:
         for ext in (".png", ".jpg"):
@@ -41,7 +44,8 @@ def load_photos() -> tuple[np.ndarray, ...]:
                     out.append(np.asarray(im.convert("RGB")))
                 break
     if len(out) < 6:
-        raise ImportError(f"scikit-image's sample photographs: only {len(out)} found in {folder}")
+        raise ShardshipError(f"the photo room: only {len(out)} of scikit-image's sample photographs found in "
+                             f"{folder} (reinstall scikit-image)")
     return tuple(out)
 
 

@@ -78,3 +78,19 @@ def test_the_photo_room_is_papered_with_photographs(tmp_path):
     assert tr["camera_effects"]["photos"] is True and "phone_rig" in tr
     # and the effects of every earlier session describe themselves as before (no photos key)
     assert "photos" not in CameraEffects(glove=True).describe() and not PhoneRig().any
+
+
+def test_without_scikit_image_the_photo_room_says_what_to_install(monkeypatch):
+    import importlib.resources
+
+    from packer.synth import photos
+    from shardship.errors import ShardshipError
+
+    def missing(name):
+        raise ModuleNotFoundError(name)
+
+    photos.load_photos.cache_clear()
+    monkeypatch.setattr(importlib.resources, "files", missing)
+    with pytest.raises(ShardshipError, match="pip install scikit-image"):
+        photos.load_photos()
+    photos.load_photos.cache_clear()

@@ -338,11 +338,11 @@ def test_interpolation_between_keyframes_keeps_the_scale(motion: str):
 
 @pytest.fixture(scope="module")
 def fast_phone(tmp_path_factory) -> Path:
-    """`packer synth --profile fast-phone`, bench seed 4, 15 s: rendered once, copied per test."""
+    """`packer synth --profile fast-phone`, bench seed 4, 10 s: rendered once, copied per test."""
     from packer.effects import PHONE_RIGS
 
     motion, fx = PROFILES["fast-phone"]
-    return synth_seed(tmp_path_factory.mktemp("fast_phone"), 4, 900, motion, fx, PHONE_RIGS["fast-phone"])
+    return synth_seed(tmp_path_factory.mktemp("fast_phone"), 4, 600, motion, fx, PHONE_RIGS["fast-phone"])
 
 
 def _copy(session: Path, tmp_path: Path) -> Path:
@@ -354,7 +354,7 @@ def _copy(session: Path, tmp_path: Path) -> Path:
 def test_a_phone_whose_imu_sits_off_the_camera_is_scaled_right_at_the_defaults(tmp_path: Path, fast_phone: Path):
     """Vigorous hand motion (~1 g, to ~3 rad/s) on a phone whose IMU sits 4-8 cm from the
     camera and starts 0.05-0.3 s before frame 0, with an off-centre principal point
-    (`packer synth --profile fast-phone`, bench seed 4, 15 s). The lever arm's
+    (`packer synth --profile fast-phone`, bench seed 4, 10 s). The lever arm's
     acceleration, read as motion, had made the adjustment refuse and the windowed
     answer be kept 1.6% off at 2.4 std; found now (`imu_lever_arm`), the session is
     accepted within 2% and 3 std."""

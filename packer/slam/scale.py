@@ -132,8 +132,11 @@ def detect_accel_mode(accel_g: np.ndarray, track: ImuTrack | None = None) -> str
     fitted into gravity-free samples: the scale 13-22% off on the true poses, the
     adjustment at IMU chi^2/dof 35)."""
     if track is not None and len(track.t) > 1 and track.t[-1] > track.t[0]:
-        i1, _i2 = track.integrals(np.array([track.t[-1]]))
-        return "raw" if float(np.linalg.norm(i1[0, :3])) / (track.t[-1] - track.t[0]) > 0.5 * GRAVITY else "removed"
+        # per stretch of <= 20 s, so that the gyro's drift over a long session cannot turn gravity away
+        edges = np.linspace(track.t[0], track.t[-1], int(np.ceil((track.t[-1] - track.t[0]) / 20.0)) + 1)
+        i1, _i2 = track.integrals(edges)
+        means = np.linalg.norm(np.diff(i1[:, :3], axis=0), axis=1) / np.diff(edges)
+        return "raw" if float(np.median(means)) > 0.5 * GRAVITY else "removed"
     return "raw" if float(np.median(np.linalg.norm(accel_g, axis=1))) > 0.5 else "removed"
 
 

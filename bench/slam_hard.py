@@ -3,7 +3,10 @@ baseline commit, as a user runs it (defaults, a fresh process per session).
 
 Profiles (`packer.effects.PROFILES`): easy (today's renders), fast (real hand
 speeds), each camera effect alone (glove, lens, blur + rolling shutter, exposure,
-low texture) and all of them on fast motion. Each session is rendered once per
+low texture), all of them on fast motion, and a real phone's build (`PHONE_RIGS`: the
+IMU off the camera, a later first frame, an off-centre principal point) on vigorous
+motion (fast-phone, fast-phone-all with every effect) and in a room papered with
+photographs (photos). Each session is rendered once per
 (profile, seed, frames) and cached under bench/data/slam_hard/ (rendering is the
 slow part); each method runs `python -m packer slam --raw DIR --force --quiet` on a
 fresh copy, the baseline from a `git worktree` of `--baseline` (default: the

@@ -249,6 +249,10 @@ def test_a_refusal_of_the_bundle_adjustment_is_never_overruled_by_the_windowed_a
     assert len(calls) == 1  # not mapped again
     forced = slam_session(d, fast(force=True))
     assert forced.failed and "refused before" not in forced.message and len(calls) == 2
+    md = json.loads((d / "metadata.json").read_text())  # another release of the tool tries it again
+    md[store.REFUSAL_KEY]["tool"] = "0.0.1"
+    (d / "metadata.json").write_text(json.dumps(md))
+    assert "refused before" not in slam_session(d, fast()).message and len(calls) == 3
 
 
 def test_a_remembered_refusal_goes_when_the_inputs_change_or_a_result_is_written(tmp_path):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from packer.session import Session, read_json
+from shardship import __version__
 from shardship.atomic import write_bytes, write_json
 
 SLAM_VERSION = 3  # 2: tracks corrected for the rolling shutter; 3: frames between keyframes from the IMU. Bump when
@@ -102,15 +103,17 @@ def write_refusal(session: Session, fingerprint: str, stat: str, message: str) -
     same answer, so `packer pack` after a refused `packer slam` says it at once instead
     of mapping the session again (minutes). Only this key of metadata.json changes."""
     md = load_metadata(session)
-    md[REFUSAL_KEY] = {"version": SLAM_VERSION, "fingerprint": fingerprint, "input_stat": stat, "message": message}
+    md[REFUSAL_KEY] = {"version": SLAM_VERSION, "tool": __version__, "fingerprint": fingerprint, "input_stat": stat,
+                       "message": message}
     write_json(session.file("metadata.json"), _jsonable(md))
 
 
 def cached_refusal(session: Session, fingerprint: str | None = None, stat: str | None = None) -> str | None:
     """The stored refusal's message when these exact inputs were refused before
-    (by content `fingerprint` or by `stat`, as `cached`), else None."""
+    (by content `fingerprint` or by `stat`, as `cached`), else None. A refusal made by
+    another release of the tool is tried again: a newer one may map what an older refused."""
     rec = load_metadata(session).get(REFUSAL_KEY)
-    if not isinstance(rec, dict) or rec.get("version") != SLAM_VERSION:
+    if not isinstance(rec, dict) or rec.get("version") != SLAM_VERSION or rec.get("tool") != __version__:
         return None
     if (fingerprint is not None and rec.get("fingerprint") == fingerprint) or (
             stat is not None and rec.get("input_stat") == stat):

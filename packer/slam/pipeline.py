@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +26,10 @@ from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
 from packer.slam.plot import plot_session, plot_stored
 from packer.slam.scale_methods import ModelRefused, baseline_reason, metric_scale
+from packer.slam.stages import Stages
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
-
-STAGES = ("check", "features", "matching", "mapping", "scale", "write")
 
 
 @dataclass
@@ -54,40 +51,6 @@ class SlamResult:
     @property
     def failed(self) -> bool:
         return self.status == "failed"
-
-
-class _Stages:
-    """Per-stage timing and an optional tqdm bar (one per session, left behind)."""
-
-    def __init__(self, name: str, progress: bool):
-        self.name = name
-        self.seconds: dict[str, float] = {}
-        self._seen: set[str] = set()  # a long session maps in parts: each stage counts once on the bar
-        self._cur: str | None = None
-        self._t = time.perf_counter()
-        self.bar = None
-        if progress and sys.stderr.isatty():  # off a terminal the session line below says enough
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=len(STAGES), desc=name, unit="stage", leave=False)
-
-    def __call__(self, stage: str) -> None:
-        now = time.perf_counter()
-        if self._cur is not None:
-            self.seconds[self._cur] = self.seconds.get(self._cur, 0.0) + now - self._t
-            if self.bar is not None and self._cur not in self._seen:
-                self.bar.update(1)
-            self._seen.add(self._cur)
-        self._cur, self._t = stage.split(" ")[0], now
-        if self.bar is not None:
-            self.bar.set_postfix_str(stage)
-
-    def close(self) -> dict[str, float]:
-        self("done")
-        if self.bar is not None:
-            self.bar.close()
-        self.seconds.pop("done", None)
-        return self.seconds
 
 
 def keyframe_positions(n_frames: int, step: int) -> np.ndarray:
@@ -136,7 +99,7 @@ def slam_session(session_dir: str | os.PathLike, opts: SlamOptions | None = None
     """Metric camera-to-world poses for one session (see the module docstring)."""
     opts = opts or SlamOptions()
     path = Path(session_dir)
-    stages = _Stages(path.name, opts.progress)
+    stages = Stages(path.name, opts.progress)
     try:
         stages("check")
         result = _run(path, opts, stages)

@@ -58,14 +58,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from packer.slam.accel import GRAVITY, detect_accel_mode, excitation
 from packer.slam.imu_align import ImuTrack
 from packer.slam.lsq import lstsq as _lstsq
 from packer.slam.lsq import lstsq_eiv as _lstsq_eiv
 from packer.slam.lsq import marginal_variance as _marginal_variance
 from packer.slam.rotations import rotation_mean, tangent_basis
-from packer.slam.scale_checks import explained, shape_spread, window_spread
+from packer.slam.scale_checks import explained, lever_significance, shape_spread, window_spread
 
-GRAVITY = 9.80665
 _LOG_LAMBDAS = np.arange(-3.0, 6.01, 0.5)  # log10 of the IMU/SfM noise ratio searched (1/s^3)
 
 
@@ -120,24 +120,6 @@ class ScaleResult:
     shape_spread: float = 1.0  # chi^2/dof of a free symmetric 3x3 scale per window about the one scale (noise: ~1)
     fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
     model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
-
-
-def detect_accel_mode(accel_g: np.ndarray, track: ImuTrack | None = None) -> str:
-    """'raw' when the accelerometer carries gravity, else 'removed' (the app's
-    userAcceleration). With the gyro's `track` (samples in m/s^2): the mean of the
-    samples turned into one frame by the gyro, where gravity is a constant ~1 g and a
-    hand's own acceleration averages out (its mean is the change of velocity over the
-    session, ~0). Without: the median norm, near 1 g with gravity, which a vigorous hand
-    reaches without it (fast-phone seed 8: median |a| 0.500 g, read as raw, a gravity
-    fitted into gravity-free samples: the scale 13-22% off on the true poses, the
-    adjustment at IMU chi^2/dof 35)."""
-    if track is not None and len(track.t) > 1 and track.t[-1] > track.t[0]:
-        # per stretch of <= 20 s, so that the gyro's drift over a long session cannot turn gravity away
-        edges = np.linspace(track.t[0], track.t[-1], int(np.ceil((track.t[-1] - track.t[0]) / 20.0)) + 1)
-        i1, _i2 = track.integrals(edges)
-        means = np.linalg.norm(np.diff(i1[:, :3], axis=0), axis=1) / np.diff(edges)
-        return "raw" if float(np.median(means)) > 0.5 * GRAVITY else "removed"
-    return "raw" if float(np.median(np.linalg.norm(accel_g, axis=1))) > 0.5 else "removed"
 
 
 @dataclass(frozen=True)
@@ -300,29 +282,6 @@ def _gravity_fit(
     return x, M
 
 
-def _excitation(imu: ImuTrack, wins: list[_Window], bias: bool, raw: bool) -> float:
-    """RMS over 0.2 s bins of the world-frame acceleration the IMU measured, less
-    what a constant bias (IMU frame) and gravity (world frame, raw mode) explain,
-    which is the part that can fix a scale, and less what the accelerometer's white
-    noise puts into a bin mean (its level from second differences of the samples,
-    where smooth motion cancels). m/s^2; independent of the scale fit, so it stays
-    meaningful when that fit is not."""
-    rows, cols, n_samples = [], [], []
-    for w in wins:
-        edges = np.linspace(w.t0, w.t1, max(1, int(round((w.t1 - w.t0) / 0.2))) + 1)
-        i1, _i2 = imu.integrals(edges)
-        d = np.diff(i1, axis=0) / np.diff(edges)[:, None]
-        rows.append((d[:, :3] @ w.anchor.T).reshape(-1))
-        J = [np.einsum("ab,nbc->nac", w.anchor, d[:, 3:].reshape(-1, 3, 3))] if bias else []
-        J += [np.tile(np.eye(3), (len(d), 1, 1))] if raw else []
-        cols.append(np.concatenate(J, axis=2).reshape(3 * len(d), -1) if J else np.zeros((3 * len(d), 0)))
-        n_samples.append(np.diff(np.searchsorted(imu.t, edges)))
-    y, A = np.concatenate(rows), np.vstack(cols)
-    r = y - A @ _lstsq(A, y) if A.shape[1] else y
-    floor = imu.noise2 * float(np.mean(1.0 / np.maximum(np.concatenate(n_samples), 1)))
-    return float(np.sqrt(max(3.0 * float(np.mean(r**2)) - floor, 0.0)))
-
-
 def solve_scale(
     key_ts: np.ndarray,
     positions: np.ndarray,
@@ -418,7 +377,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
     shape = shape_spread(G, y, red.blocks, red.dof)
     inflate = max(spread, shape, 1.0)
     var_k = _marginal_variance(M, 0) * sigma2 * inflate
-    lever, lever_chi2 = _lever(M, x, 1 + n_b, n_r, sigma2 * inflate)
+    lever, lever_chi2 = lever_significance(M, x, 1 + n_b, n_r, sigma2 * inflate)
     rel_std = float(np.sqrt(var_k) / k) if k > 0 else float("inf")
     colnorm = np.linalg.norm(M, axis=0)
     colnorm[colnorm == 0] = 1.0
@@ -427,7 +386,7 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         scale=1.0 / k if k > 0 else float("nan"),
         rel_std=rel_std,
         residual=float(np.sqrt(sigma2)) / k if k > 0 else float("inf"),
-        excitation=_excitation(imu, wins, n_b > 0, mode == "raw"),
+        excitation=excitation(imu, wins, n_b > 0, mode == "raw"),
         explained=explained(G, red.y, res, red.blocks),
         condition=float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf"),
         confidence=float(np.clip(1.0 - rel_std / opt.max_rel_std, 0.0, 1.0)) if np.isfinite(rel_std) else 0.0,
@@ -443,21 +402,6 @@ def _fit(red: _Reduced, imu: ImuTrack, wins: list[_Window], lam: float, mode: st
         lever_arm_chi2=lever_chi2,
         shape_spread=shape,
     )
-
-
-def _lever(M: np.ndarray, x: np.ndarray, col: int, n_r: int, var: float) -> tuple[list[float] | None, float]:
-    """(r in metres, chi^2 of k r against 0 on its covariance) of the lever-arm columns
-    `col`..`col + n_r` of the design M (x: the solution, k = x[0]); (None, 0) without."""
-    if not n_r or not x[0] > 0:
-        return None, 0.0
-    kr = x[col:col + n_r]
-    N = M.T @ M
-    try:
-        cov = np.linalg.inv(N)[col:col + n_r, col:col + n_r] * var
-        chi2 = float(kr @ np.linalg.solve(cov, kr))
-    except np.linalg.LinAlgError:
-        return None, 0.0
-    return [float(v) for v in kr / x[0]], chi2
 
 
 def still_reason(excitation: float, need: float) -> str:

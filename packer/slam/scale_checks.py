@@ -88,3 +88,19 @@ def shape_spread(G: np.ndarray, y: np.ndarray, blocks: list[slice], dof: int) ->
     if rss_f <= 0:
         return 1.0
     return max(rss_c - rss_f, 0.0) / extra / (rss_f / resid_dof)
+
+
+def lever_significance(M: np.ndarray, x: np.ndarray, col: int, n_r: int, var: float
+                       ) -> tuple[list[float] | None, float]:
+    """(r in metres, chi^2 of k r against 0 on its covariance) of the lever-arm columns
+    `col`..`col + n_r` of the design M (x: the solution, k = x[0]); (None, 0) without."""
+    if not n_r or not x[0] > 0:
+        return None, 0.0
+    kr = x[col:col + n_r]
+    N = M.T @ M
+    try:
+        cov = np.linalg.inv(N)[col:col + n_r, col:col + n_r] * var
+        chi2 = float(kr @ np.linalg.solve(cov, kr))
+    except np.linalg.LinAlgError:
+        return None, 0.0
+    return [float(v) for v in kr / x[0]], chi2

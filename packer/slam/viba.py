@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from packer.slam.accel import at_camera_centre
 from packer.slam.rotations import umeyama
 from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
 from packer.slam.viba_timing import best_lever, best_timing, estimate_readout
@@ -342,16 +343,6 @@ def solve_viba(
     # GTSAM's accelerometer bias is in the signed samples' frame; the windowed solve's (and metadata's) is not
     return replace(out, rolling_shutter=float(opt.rolling_shutter or 0.0), accel_bias=accel_sign * out.accel_bias,
                    offset_shift=shift, lever_arm=lever)
-
-
-def at_camera_centre(t: np.ndarray, acc: np.ndarray, omega: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """The acceleration of the camera centre from an accelerometer at r (IMU frame, m)
-    from it: a_imu = a_cam + alpha x r + omega x (omega x r) on a rigid body (omega the
-    unbiased gyro, alpha its derivative, central differences). GTSAM's body_P_sensor
-    corrects only the centripetal term; at a hand's 10-20 rad/s^2 the tangential one
-    is the larger (0.5-1 m/s^2 at 5 cm)."""
-    alpha = np.gradient(omega, t, axis=0)
-    return acc - np.cross(alpha, r) - np.cross(omega, np.cross(omega, r))
 
 
 _TOL = 1e-4  # relative error decrease at which LM stops (1e-6 cost 2x the time for < 0.01% of scale)

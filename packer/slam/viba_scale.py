@@ -15,7 +15,7 @@ import numpy as np
 
 from packer.session import Imu, Session
 from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
-from packer.slam.scale import ScaleRefused, still_reason
+from packer.slam.scale import ScaleRefused, ScaleResult, still_reason
 from packer.slam.scale_methods import estimate_only, refuse_disagreement
 from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
 from packer.slam.viba_inputs import keyframe_structure
@@ -97,11 +97,7 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
         # the readout: the front-end's when it corrected the tracks (the metadata has it already), else viba's own
         **({} if model.rolling_shutter is not None else {"rolling_shutter": r.rolling_shutter}),
         "scale_start": sr.scale,
-        # m, the IMU's position in the camera frame (None: at its centre): the adjustment's search from the
-        # windowed solve's (`imu_lever_arm_window`), which only its significance admits
-        "imu_lever_arm": None if r.lever_arm is None else [float(v) for v in r.lever_arm],
-        "imu_lever_arm_window": sr.lever_arm,
-        "imu_lever_arm_chi2": sr.lever_arm_chi2,
+        **_lever_fields(sr, r),
         "accel_mode": sr.accel_mode,
         "accel_sign": sr.accel_sign,
         "excitation": sr.excitation,
@@ -125,6 +121,14 @@ class AdjustmentFailed(SessionError):
     def of(cls, session: Session, file: str, reason: str) -> AdjustmentFailed:
         plain = session.error(file, reason)
         return cls(plain.session, plain.path, plain.reason)
+
+
+def _lever_fields(sr: ScaleResult, r: VibaResult) -> dict[str, Any]:
+    """metadata.json's lever arm (m, the IMU's position in the camera frame; None: at its
+    centre): the adjustment's, searched from the windowed solve's, which only its
+    significance (chi^2, 3 dof) admits."""
+    return {"imu_lever_arm": None if r.lever_arm is None else [float(v) for v in r.lever_arm],
+            "imu_lever_arm_window": sr.lever_arm, "imu_lever_arm_chi2": sr.lever_arm_chi2}
 
 
 def _aligned(session: Session, opts: SlamOptions, vopt: VibaOptions, imu: Imu, key_ts: np.ndarray,

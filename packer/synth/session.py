@@ -52,10 +52,8 @@ def synth_session(
     calib: bool = True,
     lidar: bool = True,
     export: str = "folder",
-    device_model: str = DEVICE_MODEL,
-    ios_version: str = IOS_VERSION,
-    clock_step: float = 0.0, clock_step_at: float = 0.5, effects: CameraEffects | None = None,
-    rig: PhoneRig | None = None,
+    device_model: str = DEVICE_MODEL, ios_version: str = IOS_VERSION, clock_step: float = 0.0,
+    clock_step_at: float = 0.5, effects: CameraEffects | None = None, rig: PhoneRig | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -101,8 +99,7 @@ def synth_session(
     one top folder, plus the sidecar `name.metadata.json`; the folder is removed).
     effects: what a real phone camera does to the frames (`packer.synth.camera`:
     glove in view, lens, blur, rolling shutter, exposure, low texture); None: none.
-    rig: how the phone is built (`packer.effects.PhoneRig`: the IMU off the optical
-    centre, a later first frame, an off-centre principal point), drawn per seed; None: none.
+    rig: the phone's build (`packer.effects.PhoneRig`), drawn per seed; None: none.
 
     The session is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -112,9 +109,7 @@ def synth_session(
         jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
-        clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(),
-        rig=rig or PhoneRig(),
-    )
+        clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(), rig=rig or PhoneRig())
     return write_session(out_dir, spec)
 
 

@@ -84,8 +84,5 @@ PROFILES: dict[str, tuple[str, CameraEffects]] = {
 }
 # the phone's build per profile (PhoneRig() where absent): a fast session made elsewhere was accepted 19% off,
 # and a lever arm this size at these speeds is what our own renders had never shown the stage
-PHONE_RIGS: dict[str, PhoneRig] = {
-    "fast-phone": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
-    "fast-phone-all": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
-    "photos": PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0),
-}
+PHONE = PhoneRig(lever_arm=0.08, imu_lead=(0.05, 0.3), principal_offset=15.0)
+PHONE_RIGS: dict[str, PhoneRig] = {"fast-phone": PHONE, "fast-phone-all": PHONE, "photos": PHONE}

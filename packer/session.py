@@ -69,10 +69,12 @@ class Session:
     def file(self, name: str) -> Path:
         return self.path / name
 
-    def error(self, file: str | Path, reason: str) -> SessionError:
+    def error(self, file: str | Path, reason: str, kind: type[SessionError] = SessionError) -> SessionError:
+        """The session's one-line error naming `file` (relative to the session), as `kind`
+        (a SessionError subclass with the same arguments, for callers that tell refusals apart)."""
         p = Path(file)
         rel = p.relative_to(self.path) if p.is_absolute() and _is_within(p, self.path) else p
-        return SessionError(self.name, str(rel), reason)
+        return kind(self.name, str(rel), reason)
 
     @property
     def capture_source(self) -> str:

@@ -213,7 +213,7 @@ def test_where_the_bundle_adjustment_cannot_run_the_windowed_answer_stands_and_s
     from packer.slam import viba_scale as vs
 
     def fails(session, *_a, **_k):
-        raise vs.AdjustmentFailed.of(session, "rgb/", "visual-inertial bundle adjustment failed: made to fail")
+        raise session.error("rgb/", "visual-inertial bundle adjustment failed: made to fail", vs.AdjustmentFailed)
 
     monkeypatch.setattr(vs, "viba_scale", fails)
     d = synth_session(tmp_path, "session_2026-01-01_120005", 120, HAND_SEED, imu_offset=0.0237)

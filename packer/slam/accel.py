@@ -12,7 +12,7 @@ import numpy as np
 from packer.slam.imu_align import ImuTrack
 from packer.slam.lsq import lstsq as _lstsq
 
-GRAVITY = 9.80665
+GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2)
 
 
 class Span(Protocol):

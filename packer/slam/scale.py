@@ -116,7 +116,7 @@ class ScaleResult:
     imu_noise_ratio: float  # lambda: IMU drift variance per s^3 over SfM jitter variance
     window_spread: float  # chi^2/dof of the windows' own scales about the common one (noise alone: ~1)
     lever_arm: list[float] | None = None  # m, the IMU's position in the camera frame, where it was kept
-    lever_arm_chi2: float = 0.0  # its significance (chi^2 on 3 dof; kept above ScaleOptions.lever_arm_min_chi2)
+    lever_arm_chi2: float = 0.0  # the lever arm's significance as tried (chi^2, 3 dof; kept from lever_arm_min_chi2)
     shape_spread: float = 1.0  # chi^2/dof of a free symmetric 3x3 scale per window about the one scale (noise: ~1)
     fit_rel_std: float = 0.0  # the GLS part of rel_std (noise and window scatter)
     model_rel_std: float = 0.0  # the part for a distorted model (given by the caller)
@@ -337,8 +337,9 @@ def solve_scale(
             with_lever = solved(True)
         except ScaleRefused:  # too few keyframes for three more unknowns
             with_lever = result
-        if with_lever.lever_arm_chi2 >= opt.lever_arm_min_chi2:
-            result = with_lever
+        # kept where significant; otherwise the plain fit, with the significance the test found (metadata)
+        result = with_lever if with_lever.lever_arm_chi2 >= opt.lever_arm_min_chi2 else replace(
+            result, lever_arm_chi2=with_lever.lever_arm_chi2)
     if model_rel_std > 0 and np.isfinite(result.rel_std):
         total = float(np.hypot(result.rel_std, model_rel_std))
         result = replace(result, fit_rel_std=result.rel_std, model_rel_std=model_rel_std, rel_std=total,

@@ -48,12 +48,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from packer.slam.accel import at_camera_centre
+from packer.slam.accel import GRAVITY, at_camera_centre
 from packer.slam.rotations import umeyama
 from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
 from packer.slam.viba_timing import best_lever, best_timing, estimate_readout
-
-GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2), as in `packer.slam.scale`
 
 
 class VibaError(ValueError):

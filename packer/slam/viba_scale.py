@@ -68,8 +68,8 @@ def viba_scale(session: Session, opts: SlamOptions, imu: Imu, key_ts: np.ndarray
                        accel_sign=sr.accel_sign, accel_bias=b_acc, gravity=gravity, options=vopt,
                        lever_arm=None if sr.lever_arm is None else np.asarray(sr.lever_arm))
     except (VibaError, RuntimeError) as e:  # RuntimeError: GTSAM's (an indeterminate system)
-        raise AdjustmentFailed.of(session, "rgb/", "visual-inertial bundle adjustment failed: "
-                                  f"{str(e).strip().splitlines()[0]}") from None
+        raise session.error("rgb/", f"visual-inertial bundle adjustment failed: {str(e).strip().splitlines()[0]}",
+                            AdjustmentFailed) from None
     readout = model.rolling_shutter if model.rolling_shutter is not None else r.rolling_shutter
     model_std = model_rel_std(vopt.model_factor * max(0.0, disagree - opts.gyro_noise_floor), shape_rel_std,
                               readout, readout_rel_std)
@@ -118,20 +118,16 @@ class AdjustmentFailed(SessionError):
     system): it says nothing about the model, unlike its refusals, which are evidence
     that the images and the IMU disagree (`refine_accepted`)."""
 
-    @classmethod
-    def of(cls, session: Session, file: str, reason: str) -> AdjustmentFailed:
-        plain = session.error(file, reason)
-        return cls(plain.session, plain.path, plain.reason)
-
 
 def _lever_fields(sr: ScaleResult, r: VibaResult) -> dict[str, Any]:
     """metadata.json's lever arm (m, the IMU's position in the camera frame; None: at its
     centre): the adjustment's, searched from the windowed solve's, which only its
     significance (chi^2, 3 dof) admits."""
-    if r.lever_arm is None:
-        return {"imu_lever_arm": None, "imu_lever_arm_window": sr.lever_arm, "imu_lever_arm_chi2": sr.lever_arm_chi2}
-    return {"imu_lever_arm": [float(v) for v in r.lever_arm], "imu_lever_arm_window": sr.lever_arm,
-            "imu_lever_arm_chi2": sr.lever_arm_chi2, "scale_lever_rel_std": LEVER_REL_STD}  # its term in the std
+    fields: dict[str, Any] = {"imu_lever_arm": None if r.lever_arm is None else [float(v) for v in r.lever_arm],
+                              "imu_lever_arm_window": sr.lever_arm, "imu_lever_arm_chi2": sr.lever_arm_chi2}
+    if r.lever_arm is not None:
+        fields["scale_lever_rel_std"] = LEVER_REL_STD  # its term in the std
+    return fields
 
 
 def _aligned(session: Session, opts: SlamOptions, vopt: VibaOptions, imu: Imu, key_ts: np.ndarray,

@@ -76,14 +76,14 @@ def obs_steps(poses: np.ndarray, joints: np.ndarray, n_obs: int) -> np.ndarray:
 
 
 def obs_stats(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray,
-              dims: np.ndarray) -> list[RunningStats] | None:
+              dims: np.ndarray, cut: np.ndarray | None = None) -> list[RunningStats] | None:
     """Statistics of the relative observation proprio, one RunningStats per
     backward offset d = 0 .. OBS_STATS_STEPS-1 over every posed frame (each run
     repeating its first frame before its start, as the reader does)."""
     if poses is None or not np.any(posed):
         return None
     out = [RunningStats(POSE_DIMS + joints.shape[1]) for _ in range(OBS_STATS_STEPS)]
-    for a, b in runs(posed):
+    for a, b in split_runs(posed, cut):
         steps = obs_steps(poses[a:b], joints[a:b], OBS_STATS_STEPS)  # oldest first
         for d in range(OBS_STATS_STEPS):
             out[d].add(steps[:, OBS_STATS_STEPS - 1 - d], dims)
@@ -97,19 +97,44 @@ def runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.nonzero(d == 1)[0].tolist(), np.nonzero(d == -1)[0].tolist()))
 
 
-def segmented_chunks(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray,
-                     horizon: int) -> tuple[np.ndarray | None, np.ndarray]:
-    """action_chunks over each run of frames that have a pose, so a chunk never
-    reaches across a frame without one (a partial poses.json from another tool).
-    Frames without a pose get zeros and mask 0; None when no frame has a pose."""
+def split_runs(flags: np.ndarray, cut: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """`runs` of True, each also cut where `cut` (N-1,) is True between frames i and
+    i+1 (a gap in time or numbering: nothing may span it)."""
+    out = runs(flags)
+    if cut is None or not np.any(cut):
+        return out
+    starts = np.nonzero(cut)[0] + 1
+    pieces = []
+    for a, b in out:
+        inner = starts[(starts > a) & (starts < b)].tolist()
+        edges = [a, *inner, b]
+        pieces.extend(zip(edges[:-1], edges[1:]))
+    return pieces
+
+
+def segmented_chunks(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray, horizon: int,
+                     cut: np.ndarray | None = None, joints_known: np.ndarray | None = None,
+                     ) -> tuple[np.ndarray | None, np.ndarray]:
+    """action_chunks over each run of frames that have a pose and follow each other
+    (`split_runs`), so a chunk never reaches across a frame without one (a partial
+    poses.json from another tool) nor across a gap (the camera dropped frames, a JPEG
+    is missing): its steps there are masked like the steps past a session's end.
+    `joints_known` (N,): where a frame's joints are known, a step whose joints are not
+    is masked too (its joints would be placeholders). Frames without a pose get zeros
+    and mask 0; None when no frame has a pose."""
     n = len(posed)
     mask = np.zeros((n, horizon), np.uint8)
     if poses is None or not np.any(posed):
         return None, mask
     out = np.zeros((n, horizon, POSE_DIMS + joints.shape[1]))
-    for a, b in runs(posed):
+    k = np.arange(1, horizon + 1)
+    for a, b in split_runs(posed, cut):
         act, m = action_chunks(poses[a:b], joints[a:b], horizon)
         assert act is not None
+        if joints_known is not None:
+            jk = np.asarray(joints_known[a:b], bool)
+            step = jk[np.minimum(np.arange(b - a)[:, None] + k[None, :], b - a - 1)]
+            m = m & (step | ~jk[:, None]).astype(np.uint8)
         out[a:b], mask[a:b] = act, m
     return out, mask
 

@@ -23,6 +23,7 @@ READ_ERROR = -1.0  # the firmware's error value; never a real reading (not a mul
 ESP_WRAP = 2 ** 32  # millis() is a uint32
 MIN_MOTION_DEG = 1.0  # a joint whose range is below this "never moves"
 MAX_SPREAD = 0.25  # s: BLE delivers within a few connection intervals; more is not this clock
+MIN_GAP, MAX_GAP = 0.10, 0.15  # s: bounds of the longest normal stretch between readings (max_gap)
 
 
 @dataclass
@@ -47,8 +48,11 @@ class Encoders:
         return max(float(t[0]) for t in self.t), min(float(t[-1]) for t in self.t)
 
     def at(self, epoch: np.ndarray) -> np.ndarray:
-        """(N, 4) degrees at epoch times, linear between readings, held at the ends."""
-        return np.stack([np.interp(epoch, t, v) for t, v in zip(self.t, self.values)], axis=1)
+        """(N, 4) degrees at epoch times, linear between readings, held at the ends
+        (`valid_at` says where that is a reading and where it would be a guess);
+        a joint without two readings is 0."""
+        return np.stack([np.interp(epoch, t, v) if len(t) >= 2 else np.zeros(len(np.atleast_1d(epoch)))
+                         for t, v in zip(self.t, self.values)], axis=1)
 
 
 class EncoderFormatError(ValueError):
@@ -130,7 +134,7 @@ def from_rows(rows: object) -> Encoders:
         vs.append(vj)
         errs.append(nbad)
         if len(tj) < 2:
-            warnings.append(f"{name}: {nbad} of {len(t)} readings are read errors (-1): joints masked")
+            warnings.append(f"{name}: {nbad} of {len(t)} readings are read errors (-1): that joint is masked")
         elif nbad > 0.2 * len(t):
             warnings.append(f"{name}: {nbad} of {len(t)} readings are read errors (-1); check the encoder wiring")
         elif float(np.ptp(vj)) < MIN_MOTION_DEG:
@@ -138,10 +142,59 @@ def from_rows(rows: object) -> Encoders:
     return Encoders(ts, vs, clock, len(t), errs, warnings)
 
 
+def usable(enc: Encoders) -> np.ndarray:
+    """(J,) bool: joints with at least two readings (a joint that only ever read -1
+    is masked alone; the others keep their readings)."""
+    return np.array([len(t) >= 2 for t in enc.t], bool)
+
+
+def max_gap(enc: Encoders) -> float:
+    """The longest stretch between two readings that is still the glove's normal
+    cadence: 6 notification periods (BLE delivers ~50 Hz, a few late connection
+    events and the odd read error stretch that), clipped to [MIN_GAP, MAX_GAP]:
+    over 0.15 s a finger moving at hand speed curves enough that a straight line
+    between the readings is off by more than a degree or two."""
+    ts = [t for t in enc.t if len(t) >= 2]
+    if not ts:
+        return MIN_GAP
+    cadence = float(np.median(np.diff(max(ts, key=len))))
+    return float(np.clip(6.0 * cadence, MIN_GAP, MAX_GAP))
+
+
+def valid_at(enc: Encoders, epoch: np.ndarray) -> np.ndarray:
+    """(N, J) bool: the joint is known at each epoch time: between two of its
+    readings no further apart than `max_gap` (before the first reading, after the
+    last, or inside a dropout it is not: never held, never straight-lined)."""
+    epoch = np.asarray(epoch, dtype=np.float64)
+    out = np.zeros((len(epoch), len(enc.t)), bool)
+    gap = max_gap(enc)
+    for j, t in enumerate(enc.t):
+        if len(t) < 2:
+            continue
+        k = np.clip(np.searchsorted(t, epoch, side="right"), 1, len(t) - 1)  # t[k-1] <= e < t[k] inside
+        out[:, j] = (epoch >= t[0]) & (epoch <= t[-1]) & (t[k] - t[k - 1] <= gap)
+    return out
+
+
+def reading_gaps(enc: Encoders, lo: float, hi: float) -> list[tuple[float, float]]:
+    """(start, length) epoch seconds of every stretch of [lo, hi] where no joint has
+    a usable reading for longer than `max_gap`: a glove that connected late, dropped
+    out or disconnected early (the ends count: a recording starts at lo)."""
+    ts = [t for t in enc.t if len(t) >= 2]
+    if not ts:
+        return [(lo, hi - lo)] if hi > lo else []
+    t = np.unique(np.concatenate(ts))
+    edges = np.concatenate([[lo], t[(t >= lo) & (t <= hi)], [hi]])
+    d = np.diff(edges)
+    gap = max_gap(enc)
+    return [(float(edges[i]), float(d[i])) for i in np.nonzero(d > gap)[0]]
+
+
 def coverage(enc: Encoders, frame_epoch: np.ndarray) -> float:
-    """Fraction of the video's time span that the encoder readings cover."""
-    lo, hi = enc.span
-    f0, f1 = float(frame_epoch[0]), float(frame_epoch[-1])
-    if f1 <= f0:
-        return 1.0 if lo <= f0 <= hi else 0.0
-    return max(0.0, min(hi, f1) - max(lo, f0)) / (f1 - f0)
+    """Fraction of the frames at which every usable joint has a reading."""
+    if not len(frame_epoch):
+        return 0.0
+    use = usable(enc)
+    if not use.any():
+        return 0.0
+    return float(valid_at(enc, frame_epoch)[:, use].all(1).mean())

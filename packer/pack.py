@@ -22,7 +22,7 @@ from packer.framepool import FramePool
 from packer.imageops import ResizeSpec
 from packer.intake import extract_all
 from packer.outdir import Publisher, disk_error, file_ok, locked, remember, shards_ok
-from packer.samples import SessionPlan, kept_frames, plan_session, sample_json
+from packer.samples import SessionPlan, kept_frames, label_summary, plan_session, sample_json
 from packer.session import (
     Session,
     discover,
@@ -103,6 +103,7 @@ def _session_entry(plan: SessionPlan, fingerprint: str, shards: list, raw_bytes:
         "calibration": s.metadata.get("shardship"), "warnings": s.warnings, "joints": list(JOINTS),
         "joints_valid": plan.joints_valid, "capture": s.capture, "fps": s.fps, "fps_source": s.fps_source,
         "pose_source": s.pose_source, "frames_without_pose": plan.frames_without_pose, "clock": plan.clock,
+        "labels": label_summary(plan),
         "stats": {"action": plan.action_stats.to_json() if plan.action_stats else None,
                   "proprio": plan.proprio_stats.to_json() if plan.proprio_stats else None,
                   "obs": [o.to_json() for o in plan.obs_stats] if plan.obs_stats else None},

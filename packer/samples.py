@@ -18,12 +18,13 @@ except ImportError:  # optional: the standard json writes the same values
 
 from packer.actions import POSE_DIMS, RunningStats, obs_stats, segmented_chunks
 from packer.clock import FrameClock, frame_clock
-from packer.encoders import JOINTS, coverage
+from packer.encoders import JOINTS, Encoders, reading_gaps, usable, valid_at
+from packer.frametimes import breaks, describe_gaps
 from packer.imageops import ResizeSpec, rescale_intrinsics
 from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, load_encoders, load_pose_flags, load_poses, poses_are_metric
 from shardship.config import PackOptions
 
-MIN_ENCODER_COVERAGE = 0.5  # below this the joints would mostly be held values: refuse
+MIN_READINGS_INSIDE = 0.5  # fewer of the glove's readings inside the video: its clock is not the frames'
 BLOCK = 512  # frames whose sample JSON is built at a time (see SampleMetas)
 
 
@@ -36,9 +37,15 @@ class SessionPlan:
     action_stats: RunningStats | None
     proprio_stats: RunningStats | None
     obs_stats: list[RunningStats] | None  # relative proprio per backward offset (actions.obs_stats)
-    joints_valid: bool
+    joints: Joints  # the glove's joints at the kept frames, known per frame and joint
     clock: dict[str, Any]
     frames_without_pose: int
+    breaks: list[int]  # frames that start a new run after a gap (time or numbering)
+
+    @property
+    def joints_valid(self) -> bool:
+        """Some frame has its joints (the session recorded the glove)."""
+        return self.joints.any_valid
 
 
 def kept_frames(session: Session, opts: PackOptions) -> np.ndarray:
@@ -57,33 +64,63 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
     flags = load_pose_flags(session)
     posed = np.array([by_index is not None and i in by_index for i in idx], dtype=bool)
     clock = frame_clock(session, by_index)
-    joints, joints_valid = _joints(session, clock, t)
+    jt = _joints(session, clock, t)
+    step = max(1, opts.stride)
+    cut = breaks(t, np.array(idx), session.fps, step)
+    if cut.any():
+        session.warnings.append(f"frames not consecutive in time ({describe_gaps(t, np.array(idx), session.fps, step)})"
+                                ": no action chunk or observation window spans one")
+    jv = jt.frame_valid
     poses: np.ndarray | None = None
     if posed.any():
         assert by_index is not None  # a frame is posed only when by_index holds its pose
         poses = np.stack([by_index[i] if p else np.eye(4) for i, p in zip(idx, posed)])
-    actions, mask = segmented_chunks(poses, posed, joints, opts.horizon)
+    actions, mask = segmented_chunks(poses, posed, jt.values, opts.horizon, cut, jv if jt.usable.any() else None)
     if posed.any() and not posed.all():
         session.warnings.append(
             f"poses.json covers frames {idx[int(np.argmax(posed))]}-{idx[len(idx) - 1 - int(np.argmax(posed[::-1]))]}"
             f" of {idx[0]}-{idx[-1]}: {int((~posed).sum())} frame(s) outside get no pose and no action")
+    astats, pstats, ostats = _stats(actions, mask, posed, poses, jt, cut)
+    metric = bool(poses_are_metric(session) and poses is not None)
+    metas = SampleMetas(session.name, idx, t, opts.size, k, metric, flags, posed, poses, jt.values, jv,
+                        actions, mask, None if jt.usable.all() or not jt.usable.any() else jt.usable)
+    return SessionPlan(session, signature, keep, metas, astats, pstats, ostats, jt, clock.to_json(),
+                       int((~posed).sum()) if poses is not None else len(idx), [idx[i + 1] for i in np.nonzero(cut)[0]])
 
-    dims = np.ones(POSE_DIMS + len(JOINTS), bool)
-    dims[POSE_DIMS:] = joints_valid
+
+def _stats(actions: np.ndarray | None, mask: np.ndarray, posed: np.ndarray, poses: np.ndarray | None, jt: Joints,
+           cut: np.ndarray) -> tuple[RunningStats | None, RunningStats | None, list[RunningStats] | None]:
+    """Action, proprio and observation statistics: pose dimensions from every real
+    step, a joint's only from frames where the joints are known (masked joints are
+    zeros, not data)."""
+    pose_dims = np.zeros(POSE_DIMS + len(JOINTS), bool)
+    pose_dims[:POSE_DIMS] = True
+    joint_dims = np.zeros_like(pose_dims)
+    joint_dims[POSE_DIMS:] = jt.usable
+    jv = jt.frame_valid
     astats = pstats = None
     if actions is not None:
         astats = RunningStats(actions.shape[-1])
-        astats.add(actions[posed][mask[posed].astype(bool)], dims)
-    ostats = obs_stats(poses, posed, joints, dims)
-    if joints_valid:
+        astats.add(actions[posed][mask[posed].astype(bool)], pose_dims)
+        sel = posed & jv
+        astats.add(actions[sel][mask[sel].astype(bool)], joint_dims)
+    ostats = obs_stats(poses, posed, jt.values, pose_dims | joint_dims, cut)
+    if jt.any_valid:
         pstats = RunningStats(len(JOINTS))
-        pstats.add(joints)
+        pstats.add(jt.values[jv], jt.usable)
+    return astats, pstats, ostats
 
-    metric = bool(poses_are_metric(session) and poses is not None)
-    metas = SampleMetas(session.name, idx, t, opts.size, k, metric, flags, posed, poses, joints, joints_valid,
-                        actions, mask)
-    return SessionPlan(session, signature, keep, metas, astats, pstats, ostats, joints_valid, clock.to_json(),
-                        int((~posed).sum()) if poses is not None else len(idx))
+
+def label_summary(plan: SessionPlan) -> dict[str, Any]:
+    """What index.json and the report say about the session's labels: where its frame
+    times come from, the frames that start a new run after a gap, and the glove's
+    coverage (share of kept frames with every usable joint known), usable joints and
+    silent stretches (s from frame 0, length s)."""
+    jt = plan.joints
+    return {"frame_times": plan.session.timestamp_source, "breaks": plan.breaks,
+            "joints_coverage": round(float(jt.frame_valid.mean()), 4) if len(jt.known) else 0.0,
+            "joints_usable": [bool(u) for u in jt.usable],
+            "glove_gaps": [[round(a, 3), round(n, 3)] for a, n in jt.gaps]}
 
 
 def sample_json(meta: dict[str, Any]) -> bytes:
@@ -97,35 +134,76 @@ def sample_json(meta: dict[str, Any]) -> bytes:
     return json.dumps(meta, separators=(",", ":")).encode()
 
 
-def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> tuple[np.ndarray, bool]:
-    """(N, 4) joint angles in degrees at the kept frames' times, and whether they are
-    real. Without a usable glove recording the joints are zeros and masked, so the
-    session still packs with the same action layout as the others."""
-    zeros = np.zeros((len(t), len(JOINTS)))
+@dataclass
+class Joints:
+    """The glove's joints at the kept frames: values (N, J) degrees, 0 where not
+    known; known (N, J) where a reading brackets the frame (`encoders.valid_at`);
+    usable (J,) joints that read at all; the stretches without a reading."""
+
+    values: np.ndarray
+    known: np.ndarray
+    usable: np.ndarray
+    gaps: list[tuple[float, float]]  # (s from frame 0, length s)
+
+    @property
+    def frame_valid(self) -> np.ndarray:
+        """(N,) every usable joint known at the frame (the sample's `joints_valid`)."""
+        return self.known[:, self.usable].all(1) if self.usable.any() else np.zeros(len(self.known), bool)
+
+    @property
+    def any_valid(self) -> bool:
+        return bool(self.frame_valid.any())
+
+    @classmethod
+    def masked(cls, n: int) -> Joints:
+        return cls(np.zeros((n, len(JOINTS))), np.zeros((n, len(JOINTS)), bool), np.zeros(len(JOINTS), bool), [])
+
+
+def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> Joints:
+    """The joints at the kept frames' times, known per frame and per joint. Without a
+    usable glove recording every joint is masked, so the session still packs with the
+    same action layout as the others; where the glove was silent (late connect, a
+    dropout, an early disconnect) those frames alone are masked, never held or
+    straight-lined across the hole."""
     enc = load_encoders(session)
     if enc is None:
         session.warnings.append("no encoders.json (the glove was not connected): joints masked")
-        return zeros, False
+        return Joints.masked(len(t))
     session.warnings.extend(enc.warnings)
-    if not enc.valid:
-        return zeros, False
+    use = usable(enc)
+    if not use.any():
+        return Joints.masked(len(t))
     if clock.frame0_epoch is None:
         session.warnings.append("encoders.json: no clock to place the readings on the frames "
                                 "(no imu.json, no startTime): joints masked")
-        return zeros, False
+        return Joints.masked(len(t))
     epoch = clock.epoch(t)
-    cov = coverage(enc, epoch)
-    lo, hi = enc.span
-    if cov < MIN_ENCODER_COVERAGE:
+    _refuse_misplaced(session, enc, epoch, clock)
+    known = valid_at(enc, epoch) & use[None]
+    values = np.where(known, enc.at(epoch), 0.0)
+    gaps = [(a - clock.frame0_epoch, n) for a, n in reading_gaps(enc, float(epoch[0]), float(epoch[-1]))]
+    out = Joints(values, known, use, gaps)
+    cov = float(out.frame_valid.mean())
+    if gaps:
+        where = ", ".join(f"{a:.2f}-{a + n:.2f} s" for a, n in gaps[:4]) + (" ..." if len(gaps) > 4 else "")
+        session.warnings.append(f"glove silent {len(gaps)} time(s) ({where}): joints cover {cov:.0%} of the frames; "
+                                "the frames without a reading have their joints masked")
+    return out
+
+
+def _refuse_misplaced(session: Session, enc: Encoders, epoch: np.ndarray, clock: FrameClock) -> None:
+    """Refuse when the readings mostly fall outside the video: the clocks disagree, so
+    any joint placed on a frame would be wrong. A glove that connected late or left
+    early has its readings inside the video, just fewer: that is masked, not refused."""
+    t = np.unique(np.concatenate([x for x in enc.t if len(x)]))
+    inside = float(np.mean((t >= epoch[0] - 1.0) & (t <= epoch[-1] + 1.0)))
+    if inside < MIN_READINGS_INSIDE:
+        lo, hi = float(t[0]), float(t[-1])
         raise session.error(
             "encoders.json",
-            f"the readings ({lo - clock.frame0_epoch:+.2f} s to {hi - clock.frame0_epoch:+.2f} s from frame 0, "
-            f"placed by {clock.source}) cover {cov:.0%} of the video: the clocks disagree, so every joint would be "
-            "wrong; fix the timestamps, or remove encoders.json to pack with joints masked")
-    if cov < 0.95:
-        session.warnings.append(f"encoders.json covers {cov:.0%} of the video: joints held at the first/last reading "
-                                "outside it")
-    return enc.at(epoch), True
+            f"{1 - inside:.0%} of the readings ({lo - clock.frame0_epoch:+.2f} s to {hi - clock.frame0_epoch:+.2f} s "
+            f"from frame 0, placed by {clock.source}) fall outside the video: the clocks disagree, so every joint "
+            "would be wrong; fix the timestamps, or remove encoders.json to pack with joints masked")
 
 
 class SampleMetas(Sequence):
@@ -138,10 +216,12 @@ class SampleMetas(Sequence):
 
     def __init__(self, session: str, idx: list[int], t: np.ndarray, size: int, k: Any, metric: bool,
                  flags: dict[int, str], posed: np.ndarray, poses: np.ndarray | None, joints: np.ndarray,
-                 joints_valid: bool, actions: np.ndarray | None, mask: np.ndarray):
+                 joints_valid: np.ndarray, actions: np.ndarray | None, mask: np.ndarray,
+                 joint_mask: np.ndarray | None = None):
         self.session, self.idx, self.t, self.size, self.k, self.metric = session, idx, t, size, k, metric
         self.flags, self.posed, self.poses, self.joints, self.joints_valid = flags, posed, poses, joints, joints_valid
         self.actions, self.mask = actions, mask
+        self.joint_mask = None if joint_mask is None else [int(x) for x in joint_mask]  # (J,) when a joint is dead
         self._block: tuple[int, list[dict[str, Any]]] = (-1, [])
 
     def __len__(self) -> int:
@@ -169,7 +249,7 @@ class SampleMetas(Sequence):
         action_l = _r(self.actions[sl] if self.actions is not None else None)
         joint_l, mask_l = _r(self.joints[sl]), self.mask[sl].tolist()
         assert joint_l is not None  # joints is an array, zeros when masked
-        posed_l, t_l = self.posed[sl].tolist(), self.t[sl].tolist()
+        posed_l, t_l, jv_l = self.posed[sl].tolist(), self.t[sl].tolist(), self.joints_valid[sl].tolist()
         flags, has_poses = self.flags, self.poses is not None
         out = []
         for j, frame in enumerate(self.idx[sl]):
@@ -182,10 +262,12 @@ class SampleMetas(Sequence):
                 "pose_flag": flags.get(frame, "given") if p else ("outside" if has_poses else None),
                 "interpolated": flags.get(frame, "registered") != "registered" if p else False,
                 "proprio": joint_l[j],
-                "joints_valid": self.joints_valid,
+                "joints_valid": jv_l[j],
                 "action": action_l[j] if action_l is not None and p else None,
                 "action_mask": mask_l[j],
             })
+            if self.joint_mask is not None:  # only then: every other sample's bytes stay as they were
+                out[-1]["joint_mask"] = self.joint_mask
         return out
 
 

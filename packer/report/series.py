@@ -114,7 +114,7 @@ def _series(name: str, keys: list[str], docs: list[dict], jpgs: list[bytes]) -> 
         pos=pos, rot=rot,
         flag=np.array([str(d.get("pose_flag") or "none") for d in docs]),
         joints=joints,
-        joints_valid=bool(docs) and all(d.get("joints_valid", True) for d in docs),
+        joints_valid=bool(docs) and any(d.get("joints_valid", True) for d in docs),
         metric=bool(docs) and all(d.get("pose_metric", False) for d in docs if d.get("pose") is not None),
         film=jpgs,
     )

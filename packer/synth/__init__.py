@@ -17,7 +17,9 @@ ultrawide capture (the default, the app's current mode)::
       poses.json           [] (filled later by SLAM)
       calib.txt            "fx fy cx cy" (Swift Float descriptions, no newline)
       metadata.json        sorted keys, ISO-8601 dates, captureSource "iphone_ultrawide"
-      video.mov            only with `video=True` (opaque placeholder)
+      video.mov            only with `video=True`: HEVC, one sample per delivered frame at its
+                           time on the 1/600 s timescale (`packer.video`); the camera's
+                           dropped frames (`drop_rate`) are gaps in it, the numbering runs on
 
 every JSON file as Foundation's JSONEncoder [.prettyPrinted, .sortedKeys] writes it
 (`packer.synth.swift_json`). `capture="arkit"` writes the legacy ARKit layout

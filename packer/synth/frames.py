@@ -59,7 +59,7 @@ class World:
 
     scene: Scene
     traj: Trajectory
-    t_frames: np.ndarray  # (n_frames,) frame time i / fps, seconds since frame 0
+    t_frames: np.ndarray  # (n_frames,) frame time slot / fps (i / fps without camera drops), s since frame 0
     poses: np.ndarray  # (n_frames, 4, 4) camera-to-world, metres, OpenCV camera
     renderer: Renderer
 
@@ -86,7 +86,7 @@ def build_world(spec: SessionSpec, g_scene: np.random.Generator, g_traj: np.rand
     traj = make_trajectory(g_traj, spec.motion, start, target)
     if scale != 1.0:
         traj = _scaled(traj, scale)
-    t_frames = np.arange(spec.n_frames, dtype=np.float64) / spec.fps
+    t_frames = spec.slots.astype(np.float64) / spec.fps  # i / fps unless the camera dropped frames
     poses = traj.poses(t_frames)
     cx, cy = principal_point(spec)
     intr = camera.true_intrinsics(FX, FY, cx - 0.5, cy - 0.5, spec.effects)
@@ -107,7 +107,7 @@ class _Camera:
         k = camera.true_intrinsics(FX, FY, cx - 0.5, cy - 0.5, effects)
         self.K = np.array([[k[0], 0, k[2]], [0, k[1], k[3]], [0, 0, 1.0]])
         self.glove = camera.make_glove(rng, WIDTH, HEIGHT) if effects.glove else None
-        self.exposure = camera.make_exposure(rng, spec.n_frames / spec.fps) if effects.exposure else None
+        self.exposure = camera.make_exposure(rng, len(spec.slots) / spec.fps) if effects.exposure else None
 
     def frame(self, i: int) -> np.ndarray:
         w, t = self.world, float(self.world.t_frames[i])

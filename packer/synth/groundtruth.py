@@ -130,6 +130,11 @@ def write_truth(
     if spec.rig.any:  # appended, as above
         truth_obj["phone_rig"] = {"lever_arm": list(spec.phone.lever_arm), "imu_lead": spec.phone.imu_lead,
                                   "principal_offset": list(spec.phone.principal_offset)}
+    faults = {"camera_drops": [int(x) for x in sorted(spec.camera_drops)],
+              "writer_skips": [int(x) for x in sorted(spec.writer_skips)],
+              "glove_gaps": [list(map(float, g)) for g in spec.glove_gaps], "dead_joint": spec.dead_joint}
+    if any(faults.values()):  # appended, as above
+        truth_obj["faults"] = faults
     (folder / TRUTH_FILE).write_bytes(_dumps(truth_obj))
 
 

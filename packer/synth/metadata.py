@@ -1,7 +1,6 @@
 """The session's descriptive files as the app writes them: `poses.json` (empty
 for the ultrawide app, metric ARKit poses for the legacy app), `calib.txt`,
-`metadata.json` (SessionMetadata; nil optionals omitted) and the placeholder
-`video.mov`.
+`metadata.json` (SessionMetadata; nil optionals omitted) and `video.mov`.
 
 These are kept apart from the frames and sensor streams because they encode the
 app's format quirks (Swift Float descriptions, key presence rules, the ARKit
@@ -9,10 +8,12 @@ boot clock), which the intake code is tested against byte for byte."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import cv2
 import numpy as np
 
 from packer.synth import swift_json
@@ -125,9 +126,22 @@ def write_metadata(
     return md_bytes
 
 
-def write_video(folder: Path, jpeg_bytes: int, g_vid: np.random.Generator) -> None:
-    """Opaque placeholder `video.mov` about 40% of the frames' size (an H.264 video
-    of the same capture is of that order); starts like an ISO-BMFF/QuickTime file.
-    Never read: it only makes raw-vs-packed byte counts realistic."""
-    size = max(64, int(jpeg_bytes * 0.4))
-    (folder / "video.mov").write_bytes(b"\x00\x00\x00\x14ftypqt  " + g_vid.bytes(size - 12))
+def write_video(folder: Path, spec: SessionSpec, t_frames: np.ndarray) -> None:
+    """video.mov as the app's VideoRecorder writes it: one sample per frame the camera
+    delivered (a failed JPEG encode is still in the video: it shows the frame before),
+    none for `writer_skips`, each at its true time on the 1/600 s timescale from the
+    first sample (`packer.video`). The real one is full-resolution; ours is the JPEGs'."""
+    from packer import video
+
+    skips = {int(i) for i in spec.writer_skips}
+    keep = [i for i in range(spec.n_frames) if i not in skips]
+
+    def images() -> Iterator[np.ndarray]:
+        last = None
+        for i in keep:
+            p = folder / "rgb" / f"{i:06d}.jpg"
+            img = cv2.imread(str(p), cv2.IMREAD_COLOR) if p.exists() else None
+            last = img[..., ::-1] if img is not None else last
+            yield last if last is not None else np.zeros((HEIGHT, WIDTH, 3), np.uint8)
+
+    video.write(folder / video.FILE, images(), t_frames[keep], width=WIDTH, height=HEIGHT)

@@ -6,14 +6,22 @@ IMU, a disconnected glove no encoders), because the truth file describes them an
 the generators must advance the same way whatever the options."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packer.synth import swift_json
-from packer.synth.encoders import JOINT_NAMES, EncoderStream, Gripper, make_gripper, synth_encoder_stream, with_wrap
+from packer.synth.encoders import (
+    JOINT_NAMES,
+    READ_ERROR,
+    EncoderStream,
+    Gripper,
+    make_gripper,
+    synth_encoder_stream,
+    with_wrap,
+)
 from packer.synth.imu import ImuModel, imu_timestamps, make_imu_model, synth_imu
 from packer.synth.trajectory import Trajectory
 
@@ -95,6 +103,7 @@ def write_encoders(folder: Path, spec: SessionSpec, clocks: Clocks, t_frames: np
         stop=clocks.stop_epoch,
         read_errors=spec.read_errors,
     )
+    stream = _glove_faults(stream, spec, clocks.frame0_epoch)
     encoder_count = len(stream.esp_ms) if spec.encoders else 0
     if encoder_count:
         records = stream.records()
@@ -105,3 +114,20 @@ def write_encoders(folder: Path, spec: SessionSpec, clocks: Clocks, t_frames: np
     joints = gripper.angles(t_frames)
     joints -= 360.0 * np.floor((joints[0] + 180.0) / 360.0)[None]  # first value in [-180, 180)
     return EncoderOutput(gripper, wrap_idx, stream, encoder_count, joints)
+
+
+def _glove_faults(stream: EncoderStream, spec: SessionSpec, frame0_epoch: float) -> EncoderStream:
+    """What a Bluetooth glove does to the recording: no notification during each of
+    `glove_gaps` (a dropout, a late connect from before frame 0, an early disconnect
+    to past the stop) and `dead_joint` reading -1.0 throughout. Unchanged without them."""
+    if not spec.glove_gaps and spec.dead_joint is None:
+        return stream
+    t = stream.receive_epoch - frame0_epoch
+    keep = np.ones(len(t), bool)
+    for start, length in spec.glove_gaps:
+        keep &= ~((t >= start) & (t < start + length))
+    values = stream.values[keep].copy()
+    if spec.dead_joint is not None:
+        values[:, JOINT_NAMES.index(spec.dead_joint)] = np.float32(READ_ERROR)
+    return replace(stream, esp_ms=stream.esp_ms[keep], sample_epoch=stream.sample_epoch[keep],
+                   receive_epoch=stream.receive_epoch[keep], values=values, truth_deg=stream.truth_deg[keep])

@@ -24,7 +24,7 @@ from packer.synth.frames import FPS, JPEG_QUALITY, build_world, render_frames
 from packer.synth.groundtruth import write_truth
 from packer.synth.metadata import DEVICE_MODEL, IOS_VERSION, write_metadata, write_poses, write_video
 from packer.synth.sensors import write_encoders, write_imu
-from packer.synth.spec import Rngs, SessionSpec
+from packer.synth.spec import Rngs, SessionSpec, draw_drops
 
 
 def synth_session(
@@ -54,6 +54,8 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL, ios_version: str = IOS_VERSION, clock_step: float = 0.0,
     clock_step_at: float = 0.5, effects: CameraEffects | None = None, rig: PhoneRig | None = None,
+    drop_rate: float = 0.0, camera_drops: tuple[int, ...] = (), writer_skips: tuple[int, ...] = (),
+    glove_gaps: tuple[tuple[float, float], ...] = (), dead_joint: str | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -100,6 +102,12 @@ def synth_session(
     effects: what a real phone camera does to the frames (`packer.synth.camera`:
     glove in view, lens, blur, rolling shutter, exposure, low texture); None: none.
     rig: the phone's build (`packer.effects.PhoneRig`), drawn per seed; None: none.
+    drop_rate: the camera discards this fraction of late frames (`alwaysDiscardsLateVideoFrames`):
+    the next frame takes the number, so the numbering runs on over a gap in time (slots drawn
+    per seed, `spec.draw_drops`); camera_drops: the slots of the 1/fps grid, given instead.
+    writer_skips: frame indices whose sample video.mov lacks (the writer was not ready).
+    glove_gaps: (s from frame 0, length s) with no BLE notification: a dropout, a late connect
+    (a start before 0), an early disconnect (to past the end). dead_joint: a joint that reads -1.0.
 
     The session is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -109,7 +117,9 @@ def synth_session(
         jpeg_quality=jpeg_quality, progress=progress, fps=fps, drop_frames=drop_frames, encoders=encoders,
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
-        clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(), rig=rig or PhoneRig())
+        clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(), rig=rig or PhoneRig(),
+        camera_drops=tuple(camera_drops) or (draw_drops(n_frames, drop_rate, seed) if drop_rate else ()),
+        writer_skips=tuple(writer_skips), glove_gaps=tuple(glove_gaps), dead_joint=dead_joint)
     return write_session(out_dir, spec)
 
 
@@ -123,19 +133,19 @@ def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:
     (tmp / "rgb").mkdir(parents=True)
 
     rng = Rngs.from_seed(spec.seed)
-    clocks = plan_clocks(spec.name, spec.n_frames, spec.fps, spec.imu_offset, rng.clock, spec.clock_step,
+    clocks = plan_clocks(spec.name, int(spec.slots[-1]) + 1, spec.fps, spec.imu_offset, rng.clock, spec.clock_step,
                          spec.clock_step_at, spec.phone.imu_lead)
     world = build_world(spec, rng.scene, rng.traj)
     joints = None
     if spec.effects.glove:  # the fingers in view follow the joints the glove records (same draws)
         joints = make_gripper(copy.deepcopy(rng.grip)).flexion(world.t_frames)
-    jpeg_bytes = render_frames(tmp / "rgb", spec, world, joints, rng.camera)
+    render_frames(tmp / "rgb", spec, world, joints, rng.camera)
     imu = write_imu(tmp, spec, clocks, world.traj, rng.imu, rng.nan)
     enc = write_encoders(tmp, spec, clocks, world.t_frames, rng)
     poses = write_poses(tmp, spec, world, rng.arkit)
     md_bytes = write_metadata(tmp, spec, clocks, poses, enc.count, imu.count)
     if spec.video:
-        write_video(tmp, jpeg_bytes, rng.vid)
+        write_video(tmp, spec, world.t_frames)
     write_truth(tmp, spec, clocks, world, imu, enc, poses)
     return publish(tmp, out_dir, spec.name, spec.export, md_bytes, clocks.capture_start)
 

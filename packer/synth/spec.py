@@ -53,9 +53,14 @@ class SessionSpec:
     clock_step_at: float = 0.5
     effects: CameraEffects = CameraEffects()  # what the phone camera does to the frames (none: ideal)
     rig: PhoneRig = PhoneRig()  # how the phone is built (none: the IMU at the optical centre)
+    camera_drops: tuple[int, ...] = ()  # slots of the 1/fps grid whose frame the camera discarded (late)
+    writer_skips: tuple[int, ...] = ()  # frame indices video.mov lacks (the writer was not ready)
+    glove_gaps: tuple[tuple[float, float], ...] = ()  # (s from frame 0, length s) without a BLE notification
+    dead_joint: str | None = None  # this joint reads -1.0 (an I2C error) in every notification
     phone: DrawnPhone = field(init=False)  # this session's draw within `rig`
     dropped: list[int] = field(init=False)  # sorted unique `drop_frames`
     present: list[int] = field(init=False)  # frame indices that get a JPEG
+    slots: np.ndarray = field(init=False)  # (n_frames,) grid slot of each delivered frame: its time is slot / fps
 
     def __post_init__(self) -> None:
         if self.motion not in MOTIONS:
@@ -85,12 +90,44 @@ class SessionSpec:
         if not 0.0 < self.clock_step_at < 1.0:
             raise ValueError("clock_step_at must be in (0, 1): a fraction of the capture")
         self.fps = float(self.fps)
+        self.slots = delivered_slots(self.n_frames, self.camera_drops)
+        if any(not 0 <= int(i) < self.n_frames for i in self.writer_skips):
+            raise ValueError(f"writer_skips must be frame indices in [0, {self.n_frames})")
+        if self.dead_joint is not None and self.dead_joint not in JOINT_NAMES:
+            raise ValueError(f"dead_joint must be one of {JOINT_NAMES}, got {self.dead_joint!r}")
         self.phone = DrawnPhone.draw(self.rig, int(self.seed))
 
     @property
     def scale(self) -> float:
         """The world's length multiplier (`scale_hint`, None meaning 1)."""
         return 1.0 if self.scale_hint is None else float(self.scale_hint)
+
+
+def delivered_slots(n_frames: int, drops: tuple[int, ...]) -> np.ndarray:
+    """The grid slot of each of `n_frames` delivered frames when the camera discarded
+    the slots `drops` (never the first: frame 0 is the first frame delivered)."""
+    dropped = sorted({int(d) for d in drops})
+    n_slots = n_frames + len(dropped)
+    if any(not 0 < d < n_slots - 1 for d in dropped):
+        raise ValueError(f"camera_drops must be slots in [1, {n_slots - 1}): frame 0 and the last are delivered")
+    return np.setdiff1d(np.arange(n_slots), dropped)
+
+
+def draw_drops(n_frames: int, rate: float, seed: int) -> tuple[int, ...]:
+    """Slots a camera that discards late frames loses at `rate` (a fraction of the
+    frames delivered): mostly one frame, a burst of 2-4 one time in five (a stall),
+    from their own generator on `seed` so nothing else moves."""
+    if not 0.0 <= rate < 0.5:
+        raise ValueError("drop rate must be in [0, 0.5)")
+    g = np.random.default_rng(np.random.SeedSequence([int(seed), 0xD509]))
+    want = int(round(rate * n_frames))
+    n_slots = n_frames + want
+    dropped: set[int] = set()
+    while len(dropped) < want:
+        start = int(g.integers(1, n_slots - 1))
+        burst = int(g.integers(2, 5)) if g.random() < 0.2 else 1
+        dropped.update(s for s in range(start, min(start + burst, n_slots - 1)) if len(dropped) < want)
+    return tuple(sorted(dropped))
 
 
 @dataclass(frozen=True)

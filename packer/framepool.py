@@ -12,9 +12,12 @@ does come in with packer.imageops' simplejpeg, once, before the workers fork,
 where importing it in each worker would cost it twice.)"""
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,19 +50,59 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def _worker_init(lock_fd: int) -> None:
+def _worker_init(lock_fd: int, parent: int) -> None:
     """A forked worker drops its copy of the out dir lock: only the pack holds it.
     It ignores Ctrl-C: a terminal sends SIGINT to the whole process group, and the
     main process alone decides what an interrupt means (it stops the workers);
     a worker of its own would print a KeyboardInterrupt traceback, or die half-way
-    through sending a result and leave the pool's result pipe corrupt."""
+    through sending a result and leave the pool's result pipe corrupt. And it dies
+    with `parent`, the pack (_die_with_parent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # FramePool._start forks with both deferred
+    _die_with_parent(parent)
     try:
         os.close(lock_fd)
     except OSError:
         pass
     cache_image_buffers()
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+ORPHAN_POLL_S = 0.2  # where the kernel cannot kill a worker with its parent: how often it looks
+
+
+def _die_with_parent(parent: int) -> None:
+    """A pack killed with SIGKILL (the OOM killer, a scheduler, `kill -9`) cannot stop its
+    workers. An orphan then finished its chunk and wrote the result into the pipe nobody
+    reads any more: Python's BrokenPipeError, a two-part traceback on the terminal after the
+    pack was long gone. So the kernel kills each worker with its parent (Linux:
+    PR_SET_PDEATHSIG); elsewhere a thread of the worker looks for its parent every
+    ORPHAN_POLL_S and ends it, and a write into the result pipe without a reader ends it
+    quietly in the meantime (SIGPIPE's default action, which Python turns off). Without
+    the thread an orphan could wait for ever: one that died by SIGPIPE holding the result
+    pipe's lock leaves the next one blocked on that lock. A parent gone before this ran is
+    noticed by its pid."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not _kernel_kills_orphans():
+        threading.Thread(target=_exit_when_orphaned, args=(parent,), name="orphan-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _kernel_kills_orphans() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    except (OSError, AttributeError):  # no libc to ask
+        return False
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    os._exit(0)
 
 
 @dataclass
@@ -110,7 +153,8 @@ class FramePool:
             # inherits the recording handler until then). Raised right after, with the
             # pool in place for __exit__ to stop.
             with interrupts_deferred():
-                self._pool = ctx.Pool(self.workers, initializer=_worker_init, initargs=(self.lock_fd,))
+                self._pool = ctx.Pool(self.workers, initializer=_worker_init,
+                                     initargs=(self.lock_fd, os.getpid()))
                 self.started = time.perf_counter()
         return self._pool
 

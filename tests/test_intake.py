@@ -339,6 +339,7 @@ def test_extract_all_continues_past_bad_zip(raw: Path):
     (raw / "session_b.zip").write_bytes(b"PK\x03\x04 this is not a zip")
     write_zip(raw / "session_c.zip", files, top=None)
     (raw / "session_d").mkdir()
+    (raw / "session_d" / "notes.txt").write_text("the user's own folder")  # (an empty one is an unzip's leftover)
     write_zip(raw / "session_d.zip", files)
 
     done, failed = extract_all(raw)
@@ -349,8 +350,219 @@ def test_extract_all_continues_past_bad_zip(raw: Path):
     assert "re-export it from the phone" in failed["session_b.zip"]
     assert tree(raw / "session_a") == files and tree(raw / "session_c") == files
     assert not (raw / "session_b").exists()
-    assert os.listdir(raw / "session_d") == []
+    assert os.listdir(raw / "session_d") == ["notes.txt"]
     assert not [p for p in os.listdir(raw) if p.endswith(".unzip-tmp")]
 
     again, failed_again = extract_all(raw)  # idempotent: everything is "already" now
     assert [e.status for e in again] == ["already"] * 3 and list(failed_again) == ["session_b.zip"]
+
+
+# --- issue 39, item 6: rendered sessions (packer.synth) in the app's export format, through `packer check` ---
+
+SYNTH = "session_2026-03-02_090000"
+N_FRAMES = 40
+
+
+@pytest.fixture(scope="module")
+def app_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One rendered session as the app exports it: SYNTH.zip (the folder as its one top
+    folder) + SYNTH.metadata.json; read-only, tests copy it."""
+    from packer.synth import synth_session
+
+    return synth_session(tmp_path_factory.mktemp("synth"), SYNTH, n_frames=N_FRAMES, seed=3, export="zip")
+
+
+@pytest.fixture
+def exported(app_zip: Path, raw: Path) -> Path:
+    """raw/ holding a copy of the export (zip + sidecar); returns the zip's path there."""
+    for p in (app_zip, app_zip.with_suffix(".metadata.json")):
+        (raw / p.name).write_bytes(p.read_bytes())
+    return raw / app_zip.name
+
+
+def check(raw: Path):
+    from click.testing import CliRunner
+
+    from packer.cli import main
+
+    return CliRunner().invoke(main, ["check", "--raw", str(raw)])
+
+
+def rezip(z: Path, rename=lambda name: name, extra: list[tuple[str, bytes]] = ()) -> None:
+    """Rewrite zip `z` in place: every member under `rename(its name)` (None drops it),
+    then the `extra` (name, bytes) members, as a user's re-zip on a Mac would."""
+    with zipfile.ZipFile(z) as zf:
+        members = [(i, zf.read(i)) for i in zf.infolist()]
+    with zipfile.ZipFile(z, "w") as zf:
+        for info, data in members:
+            name = rename(info.filename)
+            if name is not None:
+                info.filename = name
+                zf.writestr(info, data)
+        for name, data in extra:
+            zf.writestr(name, data)
+
+
+def interrupted_unzip(z: Path, raw: Path, whole: int) -> Path:
+    """What an unzip that stopped midway (Finder or `unzip` hitting a full disk, a killed
+    run) leaves in raw/: the zip's first `whole` files in its order, the next one cut in
+    half, and nothing after it. Returns the session folder it made."""
+    with zipfile.ZipFile(z) as zf:
+        n = 0
+        for info in zf.infolist():
+            dest = raw / info.filename
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            data = zf.read(info)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data if n < whole else data[: len(data) // 2])
+            n += 1
+            if n > whole:
+                break
+    return raw / z.stem
+
+
+def ok_line(out: str, name: str = SYNTH) -> str:
+    lines = [ln for ln in out.splitlines() if ln.startswith(f"ok    {name}:")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+APPLEDOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64)
+
+
+def test_appledouble_files_in_a_copied_folder_are_ignored(exported: Path, raw: Path):
+    """A folder copied from a Mac onto exFAT/SMB gets ._<name> beside every file, and .DS_Store."""
+    with zipfile.ZipFile(exported) as zf:
+        zf.extractall(raw)
+    exported.unlink()
+    folder = raw / SYNTH
+    for rel in ("rgb/._000007.jpg", "rgb/._000000.jpg", "._metadata.json", "._rgb"):
+        (folder / rel).write_bytes(APPLEDOUBLE)
+    (folder / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (folder / "rgb" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (raw / "__MACOSX").mkdir()  # an unzip of a Mac's zip leaves it beside the session
+    r = check(raw)
+    assert r.exit_code == 0, r.output
+    assert f"{N_FRAMES} frames" in ok_line(r.output) and "1 of 1 session ok" in r.output
+
+
+def test_appledouble_and_macosx_members_of_a_zip_are_not_extracted(exported: Path, raw: Path):
+    rezip(exported, extra=[(f"{SYNTH}/rgb/._000003.jpg", APPLEDOUBLE), (f"{SYNTH}/._imu.json", APPLEDOUBLE),
+                           (f"{SYNTH}/.DS_Store", b"Bud1"), (f"__MACOSX/{SYNTH}/rgb/._000003.jpg", APPLEDOUBLE)])
+    r = check(raw)
+    assert r.exit_code == 0, r.output
+    assert f"{N_FRAMES} frames" in ok_line(r.output)
+    left = [p.name for p in (raw / SYNTH).rglob("*") if p.name.startswith(".") or p.name == "__MACOSX"]
+    assert left == [] and not (raw / "__MACOSX").exists()
+
+
+def test_session_folder_one_level_deeper_is_found(exported: Path, raw: Path):
+    """A zip of a folder of exports: export/session_X/rgb/... (and a note beside it)."""
+    rezip(exported, rename=lambda n: f"export/{n}", extra=[("export/README.txt", b"from the lab laptop")])
+    r = check(raw)
+    assert r.exit_code == 0, r.output
+    assert f"unzip {SYNTH}.zip -> {SYNTH}/" in r.output and f"{N_FRAMES} frames" in ok_line(r.output)
+    with zipfile.ZipFile(exported) as zf:
+        want = {n.split("/", 2)[2] for n in zf.namelist() if n.startswith(f"export/{SYNTH}/") and not n.endswith("/")}
+    assert set(tree(raw / SYNTH)) == want
+
+
+def test_deeper_session_folder_with_an_unsafe_member_is_refused(exported: Path, raw: Path, tmp_path: Path):
+    rezip(exported, rename=lambda n: f"export/{n}", extra=[(f"export/{SYNTH}/../../../evil.txt", b"pwned")])
+    r = check(raw)
+    assert r.exit_code == 1
+    assert f"FAIL  {SYNTH}.zip: unsafe member 'export/{SYNTH}/../../../evil.txt'" in r.output
+    assert not (raw / SYNTH).exists() and not list(tmp_path.rglob("evil.txt"))
+
+
+def test_two_session_folders_in_one_zip_are_refused(exported: Path, raw: Path):
+    with zipfile.ZipFile(exported) as zf:
+        second = [(f"b/{n}", zf.read(n)) for n in zf.namelist() if not n.endswith("/")]
+    rezip(exported, rename=lambda n: f"a/{n}", extra=second)
+    r = check(raw)
+    assert r.exit_code == 1
+    assert f"more than one session folder (a/{SYNTH}, b/{SYNTH}): a session zip holds one" in r.output
+    assert not (raw / SYNTH).exists()
+
+
+def test_half_unzipped_folder_is_replaced_by_its_zip(exported: Path, raw: Path):
+    """Before: the folder won, so `check` said ok for 15 frames without the rest, and every
+    later export of the session was ignored."""
+    folder = interrupted_unzip(exported, raw, whole=20)
+    assert len(list((folder / "rgb").glob("*.jpg"))) == 16  # 15 whole, one cut short
+    r = check(raw)
+    assert r.exit_code == 0, r.output
+    assert f"unzip {SYNTH}.zip -> {SYNTH}/" in r.output and f"{N_FRAMES} frames" in ok_line(r.output)
+    with zipfile.ZipFile(exported) as zf:
+        assert tree(folder) == {n.split("/", 1)[1]: zf.read(n) for n in zf.namelist() if not n.endswith("/")}
+    assert_only(raw, exported.name, f"{SYNTH}.metadata.json", SYNTH)
+
+
+def test_empty_folder_left_by_an_unzip_is_replaced(exported: Path, raw: Path):
+    (raw / SYNTH / "rgb").mkdir(parents=True)  # the unzip made the folders, then failed
+    res = extract_export(exported, raw)
+    assert res.status == "extracted" and res.why == f"in place of a half-unzipped {SYNTH}/"
+    assert len(list((raw / SYNTH / "rgb").glob("*.jpg"))) == N_FRAMES
+
+
+@pytest.mark.parametrize("edit", ["frame deleted", "file added", "half file differs", "file rewritten"])
+def test_a_folder_the_user_worked_on_still_wins(exported: Path, raw: Path, edit: str):
+    """Only a folder that is exactly the start of the zip is an unzip's leftover."""
+    if edit == "frame deleted":  # the check's advice for a bad frame: the zip must not bring it back
+        extract_export(exported, raw)
+        (raw / SYNTH / "rgb" / "000011.jpg").unlink()
+    elif edit == "file added":
+        interrupted_unzip(exported, raw, whole=20)
+        (raw / SYNTH / "notes.txt").write_text("mine")
+    elif edit == "half file differs":
+        folder = interrupted_unzip(exported, raw, whole=20)
+        cut = max((folder / "rgb").glob("*.jpg"))
+        cut.write_bytes(b"\xff\xd8" + cut.read_bytes()[2:-1] + b"\x00")
+    else:  # the user's SLAM rewrote poses.json (shorter than the app's `[]`? no: any other bytes)
+        extract_export(exported, raw)
+        (raw / SYNTH / "poses.json").write_bytes(b"[1]")
+    before = tree(raw / SYNTH)
+    res = extract_export(exported, raw)
+    assert res.status == "already" and tree(raw / SYNTH) == before
+    assert_only(raw, exported.name, f"{SYNTH}.metadata.json", SYNTH)
+
+
+def corrupt_member(z: Path, member: str) -> None:
+    """Flip bytes inside `member`'s data: the central directory stays readable, the CRC fails."""
+    with zipfile.ZipFile(z) as zf:
+        info = zf.getinfo(member)
+    data = bytearray(z.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0xFF
+    z.write_bytes(bytes(data))
+
+
+def test_extraction_failing_midway_leaves_nothing_and_the_remade_zip_extracts(exported: Path, raw: Path):
+    good = exported.read_bytes()
+    corrupt_member(exported, f"{SYNTH}/rgb/000030.jpg")
+    r = check(raw)
+    assert r.exit_code == 1
+    assert f"FAIL  {SYNTH}.zip: corrupt member '{SYNTH}/rgb/000030.jpg'" in r.output
+    assert f"ok    {SYNTH}" not in r.output
+    assert_only(raw, exported.name, f"{SYNTH}.metadata.json")  # no folder, no hidden temp
+    exported.write_bytes(good)  # re-exported from the phone
+    r = check(raw)
+    assert r.exit_code == 0 and f"{N_FRAMES} frames" in ok_line(r.output)
+
+
+def test_leftover_beside_a_still_broken_zip_is_moved_aside_until_a_good_one(exported: Path, raw: Path):
+    good = exported.read_bytes()
+    interrupted_unzip(exported, raw, whole=20)
+    corrupt_member(exported, f"{SYNTH}/rgb/000030.jpg")  # past what the leftover holds
+    r = check(raw)
+    assert r.exit_code == 1
+    line = [ln for ln in r.output.splitlines() if ln.startswith("FAIL")]
+    assert len(line) == 1 and line[0].startswith(f"FAIL  {SYNTH}.zip: corrupt member '{SYNTH}/rgb/000030.jpg'")
+    assert line[0].endswith(f"(the half-unzipped {SYNTH}/ beside it is now .{SYNTH}.unzip-leftover)")
+    assert f"ok    {SYNTH}" not in r.output and not (raw / SYNTH).exists()
+    exported.write_bytes(good)
+    r = check(raw)
+    assert r.exit_code == 0 and f"{N_FRAMES} frames" in ok_line(r.output)
+    assert_only(raw, exported.name, f"{SYNTH}.metadata.json", SYNTH)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import io
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -31,6 +33,9 @@ except (ImportError, ValueError):  # optional: Pillow decodes (ValueError: built
     simplejpeg = None  # type: ignore[assignment]
 
 CROPS = ("squash", "center")
+# start-of-frame markers (baseline, extended, progressive, lossless, ...): all but DHT, JPG, DAC
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: markers without a segment
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,65 @@ def rescale_intrinsics(
     left, top, right, bottom = box if box else (0, 0, width, height)
     sx, sy = spec.size / (right - left), spec.size / (bottom - top)
     return [fx * sx, fy * sy, (cx - left) * sx, (cy - top) * sy]
+
+
+def jpeg_size(path: str | Path) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's start-of-frame header, without decoding: the
+    segments before it are skipped by their lengths (a few hundred bytes read, once
+    per session), so a session's real frame size is known at load time. None where
+    the file is no JPEG or ends first: `check_jpeg` says what is wrong with it."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\xff\xd8":
+                return None
+            while True:
+                head = f.read(2)
+                if len(head) < 2 or head[0] != 0xFF:
+                    return None
+                marker = head[1]
+                while marker == 0xFF:  # fill bytes before a marker
+                    b = f.read(1)
+                    if not b:
+                        return None
+                    marker = b[0]
+                if marker in _NO_LENGTH:
+                    continue
+                seg = f.read(2)
+                if marker in (0xD9, 0xDA) or len(seg) < 2 or int.from_bytes(seg, "big") < 2:
+                    return None  # end of image or start of scan before any frame header; truncated
+                if marker in _SOF:  # segment: precision, height, width, components
+                    body = f.read(5)
+                    if len(body) < 5:
+                        return None
+                    return int.from_bytes(body[3:5], "big"), int.from_bytes(body[1:3], "big")
+                f.seek(int.from_bytes(seg, "big") - 2, io.SEEK_CUR)
+    except OSError:
+        return None
+
+
+def frame_size_problem(first: Path, declared: Any, expected: tuple[int, int]) -> tuple[str, str] | None:
+    """(file, reason) where a session's frames are not the landscape `expected` size
+    that packing (intrinsics, crops) and SLAM assume, or metadata.json's rgbResolution
+    (`declared`, as read) disagrees with them; None where they fit. Said at load time,
+    so a portrait capture fails in a line instead of after minutes of SLAM with advice
+    that does not apply. `first` is the first frame: its header gives the real size."""
+    w, h = expected
+    name = f"{first.parent.name}/{first.name}"
+    found = jpeg_size(first)
+    said = (tuple(declared) if isinstance(declared, list) and len(declared) == 2
+            and all(type(v) is int for v in declared) else None)
+    size = found or said  # the frames' own header first; rgbResolution where it is unreadable
+    if size is not None and size != expected:
+        what = "portrait " if size[0] < size[1] else ""
+        todo = (f"record it again with the phone held in landscape, or rotate every frame and calib.txt to {w}x{h}"
+                if size == (h, w) else f"resize every frame to {w}x{h} and scale calib.txt with it")
+        file, found_in = (name, "") if found else ("metadata.json", "rgbResolution says ")
+        return file, (f"{found_in}{what}frames of {size[0]}x{size[1]}, but packing and SLAM need the app's landscape "
+                      f"{w}x{h}: {todo}")
+    if said is not None and found is not None and said != found:
+        return "metadata.json", (f"rgbResolution [{said[0]}, {said[1]}] disagrees with the frames ({name} is "
+                                 f"{found[0]}x{found[1]}): set it to [{found[0]}, {found[1]}] or re-export the session")
+    return None
 
 
 def _decode_turbo(data: bytes) -> Image.Image | None:

@@ -3,6 +3,7 @@ will do with it. Reads only; every line names the file it is about."""
 from __future__ import annotations
 
 from packer.encoders import JOINTS
+from packer.imu_gaps import find_gaps
 from packer.session import Session, load_encoders
 
 _POSES = {
@@ -26,6 +27,8 @@ def describe(s: Session) -> tuple[str, list[str]]:
     lines = []
     if s.imu is not None:
         lines.append(f"imu.json: {len(s.imu.t)} samples over {s.imu.t[-1] - s.imu.t[0]:.1f} s")
+        lines += [f"imu.json: gap of {g.length:.2f} s without samples at {g.at:.2f} s after its start (the phone's "
+                  "main thread busy) -> left out of `packer slam`'s IMU terms" for g in find_gaps(s.imu.t)]
     else:
         lines.append("imu.json: absent" + (" (ARKit session: not needed)" if s.capture == "arkit"
                                             else " -> IMU scale impossible: --scale marker/known-distance/none"))

@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
+from packer.imu_gaps import stretches
 from packer.slam.imu_align import ImuTrack
 from packer.slam.lsq import lstsq as _lstsq
 
@@ -38,12 +39,18 @@ def detect_accel_mode(accel_g: np.ndarray, track: ImuTrack | None = None) -> str
     fitted into gravity-free samples: the scale 13-22% off on the true poses, the
     adjustment at IMU chi^2/dof 35)."""
     if track is not None and len(track.t) > 1 and track.t[-1] > track.t[0]:
-        # per stretch of <= 20 s, so that the gyro's drift over a long session cannot turn gravity away
-        edges = np.linspace(track.t[0], track.t[-1], int(np.ceil((track.t[-1] - track.t[0]) / 20.0)) + 1)
-        i1, _i2 = track.integrals(edges)
-        means = np.linalg.norm(np.diff(i1[:, :3], axis=0), axis=1) / np.diff(edges)
-        return "raw" if float(np.median(means)) > 0.5 * GRAVITY else "removed"
+        # per stretch of <= 20 s, so that the gyro's drift over a long session cannot turn gravity away, and
+        # none across a gap in the IMU (the phone's turn there is unknown)
+        means = [_mean_accel(track, track.t[s]) for s in stretches(track.t) if s.stop - s.start > 1]
+        return "raw" if float(np.median(np.concatenate(means))) > 0.5 * GRAVITY else "removed"
     return "raw" if float(np.median(np.linalg.norm(accel_g, axis=1))) > 0.5 else "removed"
+
+
+def _mean_accel(track: ImuTrack, t: np.ndarray) -> np.ndarray:
+    """|mean acceleration| in the gyro's frame over each <= 20 s of the samples at t."""
+    edges = np.linspace(t[0], t[-1], int(np.ceil((t[-1] - t[0]) / 20.0)) + 1)
+    i1, _i2 = track.integrals(edges)
+    return np.linalg.norm(np.diff(i1[:, :3], axis=0), axis=1) / np.diff(edges)
 
 
 def excitation(imu: ImuTrack, wins: Sequence[Span], bias: bool, raw: bool) -> float:
@@ -74,6 +81,14 @@ def at_camera_centre(t: np.ndarray, acc: np.ndarray, omega: np.ndarray, r: np.nd
     from it: a_imu = a_cam + alpha x r + omega x (omega x r) on a rigid body (omega the
     unbiased gyro, alpha its derivative, central differences). GTSAM's body_P_sensor
     corrects only the centripetal term; at a hand's 10-20 rad/s^2 the tangential one
-    is the larger (0.5-1 m/s^2 at 5 cm)."""
-    alpha = np.gradient(omega, t, axis=0)
+    is the larger (0.5-1 m/s^2 at 5 cm). alpha is differenced within each gap-free
+    stretch of the IMU, never across a gap."""
+    parts = stretches(t)
+    if len(parts) == 1:
+        alpha = np.gradient(omega, t, axis=0)
+    else:
+        alpha = np.zeros_like(omega)
+        for s in parts:
+            if s.stop - s.start > 1:
+                alpha[s] = np.gradient(omega[s], t[s], axis=0)
     return acc - np.cross(alpha, r) - np.cross(omega, np.cross(omega, r))

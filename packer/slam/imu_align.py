@@ -22,13 +22,21 @@ the gyro and the visual side filtered identically, so the offset is unbiased.
 `ImuTrack` is the IMU integrated once (gyro orientation, cumulative integrals of
 the rotated accelerometer), shared by step 4 and the scale solve.
 
-No axis convention is assumed anywhere: R_ic comes out of the data."""
+No axis convention is assumed anywhere: R_ic comes out of the data.
+
+A gap in imu.json (`packer.imu_gaps`: the app's main thread busy, no sample for
+0.1-0.5 s) is integrated over by nothing here: the cumulative integrals add nothing
+across one (the gyro's orientation holds still there), an interval that reaches
+into one is left out of every comparison, and absolute orientations are compared
+within each gap-free stretch, each with its own constant (the turn the phone made
+in the gap is unknown). Without a gap every number is what it was."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from packer.imu_gaps import crosses_gap, gap_spans, gap_steps, second_differences, stretch_of
 from packer.slam.rotations import cumulative_rotations, procrustes_rotation, rotation_mean, slerp, so3_exp, so3_log
 
 
@@ -55,6 +63,7 @@ class GyroIntegral:
         self.t = np.asarray(t, dtype=np.float64)
         g = np.asarray(gyro, dtype=np.float64)
         steps = 0.5 * (g[1:] + g[:-1]) * np.diff(self.t)[:, None]
+        steps[gap_steps(self.t)] = 0.0  # nothing across a gap (the intervals that reach into one are left out)
         self.cum = np.vstack([np.zeros((1, 3)), np.cumsum(steps, axis=0)])
 
     def at(self, t: np.ndarray) -> np.ndarray:
@@ -73,10 +82,11 @@ class ImuTrack:
 
     def __init__(self, t: np.ndarray, acc: np.ndarray, gyr: np.ndarray):
         self.t = np.asarray(t, dtype=np.float64)
-        h = np.diff(self.t)
+        h = np.where(gap_steps(self.t), 0.0, np.diff(self.t))  # nothing is integrated across a gap
         Q = _integrated(self.t, gyr)
         self.Q = Q
-        self.noise2 = float(np.mean(np.sum(np.diff(acc, 2, axis=0) ** 2, axis=1))) / 6.0 if len(acc) > 2 else 0.0
+        d2 = second_differences(self.t, acc)
+        self.noise2 = float(np.mean(np.sum(d2**2, axis=1))) / 6.0 if len(d2) else 0.0
         f = np.concatenate([np.einsum("nij,nj->ni", Q, acc), Q.reshape(-1, 9)], axis=1)
         self.f = f
         hh = h[:, None]
@@ -105,7 +115,9 @@ def _integrated(t: np.ndarray, gyr: np.ndarray) -> np.ndarray:
     """(N,3,3) the gyro's orientation at each sample relative to the first (midpoint rule)."""
     Q = np.empty((len(t), 3, 3))
     Q[0] = np.eye(3)
-    Q[1:] = cumulative_rotations(so3_exp(0.5 * (gyr[1:] + gyr[:-1]) * np.diff(t)[:, None]))
+    steps = 0.5 * (gyr[1:] + gyr[:-1]) * np.diff(t)[:, None]
+    steps[gap_steps(t)] = 0.0  # across a gap: no turn (unknown; each stretch is compared on its own)
+    Q[1:] = cumulative_rotations(so3_exp(steps))
     return Q
 
 
@@ -165,7 +177,7 @@ class _OffsetSearch:
     """The visual increments and the gyro integral of one alignment, with the two
     costs both search steps evaluate at a candidate clock offset d (IMU clock =
     frame clock + d): only intervals whose shifted span lies inside the IMU
-    recording count."""
+    recording, and reaches into none of its gaps, count."""
 
     def __init__(
         self, a: np.ndarray, b: np.ndarray, phi: np.ndarray, rate_v: np.ndarray, gi: GyroIntegral, min_intervals: int
@@ -175,9 +187,11 @@ class _OffsetSearch:
         self.rate_v = rate_v  # visual rotation rate per interval, rad/s
         self.t_lo, self.t_hi = float(gi.t[0]), float(gi.t[-1])
         self.min_intervals = min_intervals
+        self.gaps = gap_spans(gi.t)
 
     def inside(self, d: float) -> np.ndarray:
-        return (self.a + d >= self.t_lo) & (self.b + d <= self.t_hi)
+        inside = (self.a + d >= self.t_lo) & (self.b + d <= self.t_hi)
+        return inside & ~crosses_gap(self.gaps, self.a + d, self.b + d) if len(self.gaps) else inside
 
     def score(self, d: float) -> tuple[float, int]:
         """(normalised correlation of the rate norms, intervals used); -inf when too
@@ -199,6 +213,8 @@ class _OffsetSearch:
         d = offsets[:, None]
         a, b = self.a[None, :] + d, self.b[None, :] + d
         inside = (a >= self.t_lo) & (b <= self.t_hi)
+        if len(self.gaps):
+            inside &= ~crosses_gap(self.gaps, a, b)
         enough = inside.sum(axis=1) >= max(self.min_intervals, 0.5 * len(self.a))
         rate_g = np.linalg.norm(self.gi.increment(a.ravel(), b.ravel()), axis=1).reshape(a.shape) / self.dt
         w = inside.astype(np.float64)
@@ -312,6 +328,7 @@ def worst_stretch(key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gyro:
     inc = GyroIntegral(imu_t, gyro).increment(a + al.offset, b + al.offset)
     r2 = np.sum((phi @ al.R_ic.T + np.outer(b - a, al.gyro_bias) - inc) ** 2, axis=1)
     inside = (a + al.offset >= imu_t[0]) & (b + al.offset <= imu_t[-1])
+    inside &= ~crosses_gap(gap_spans(imu_t), a + al.offset, b + al.offset)
     r2 = np.where(inside, r2, 0.0)
     if len(a) == 0 or r2.sum() <= 0:
         return float(key_ts[0]), float(key_ts[-1]), 0.0
@@ -336,31 +353,61 @@ def refine_by_orientation(
     a direction the motion leaves unobservable where steps 1-3 put it). Increments
     over single keyframe intervals leave the bias ~5e-4 rad/s off, which over a few
     seconds tilts the gyro frame by milliradians: cm/s^2 of false acceleration once
-    the accelerometer carries gravity."""
+    the accelerometer carries gravity.
+
+    Across a gap in the IMU the gyro's turn is unknown: each gap-free stretch has its
+    own constant (a), and a keyframe inside a gap is left out."""
     t = np.asarray(imu_t, dtype=np.float64) - al.offset
     key_ts = np.asarray(key_ts, dtype=np.float64)
-    inside = (key_ts >= t[0]) & (key_ts <= t[-1])
+    stretch = stretch_of(gap_spans(t), key_ts)
+    inside = (key_ts >= t[0]) & (key_ts <= t[-1]) & (stretch >= 0)
     if inside.sum() < 3:
         return al
-    kt, Rw = key_ts[inside], np.asarray(R_wc, dtype=np.float64)[inside]
+    kt, Rw, stretch = key_ts[inside], np.asarray(R_wc, dtype=np.float64)[inside], stretch[inside]
     bias, R_ic = np.asarray(al.gyro_bias, dtype=np.float64), al.R_ic
     n = len(kt)
+    constants = _stretch_columns(stretch)
+    m = constants.shape[1]  # 3 per stretch
     for _ in range(iters):
         track = ImuTrack(t, np.zeros((len(t), 3)), np.asarray(gyro, dtype=np.float64) - bias)
         Rg = track.orientation(kt)
         anchors = Rw @ R_ic.T @ np.swapaxes(Rg, -1, -2)
-        r = so3_log(np.swapaxes(rotation_mean(anchors), -1, -2) @ anchors).reshape(-1)
-        cols = [np.tile(np.eye(3), (n, 1)), Rg.reshape(3 * n, 3)]
+        r = _anchor_residuals(anchors, stretch).reshape(-1)
+        cols = [constants, Rg.reshape(3 * n, 3)]
         if estimate_bias:
             cols.append(-track.integrals(kt)[0][:, 3:].reshape(3 * n, 3))
         D = np.hstack(cols)
         res = r - D @ np.linalg.lstsq(D, r, rcond=None)[0]
         sigma = float(np.sqrt(res @ res / max(3 * n - D.shape[1], 1)))
-        prior = np.zeros((D.shape[1] - 3, D.shape[1]))
+        prior = np.zeros((D.shape[1] - m, D.shape[1]))
         scales = [prior_rot] * 3 + ([prior_bias] * 3 if estimate_bias else [])
-        prior[:, 3:] = np.diag([max(sigma, 1e-9) / p for p in scales])
+        prior[:, m:] = np.diag([max(sigma, 1e-9) / p for p in scales])
         z = np.linalg.lstsq(np.vstack([D, prior]), np.concatenate([r, np.zeros(len(prior))]), rcond=None)[0]
-        R_ic = so3_exp(z[3:6]) @ R_ic
+        R_ic = so3_exp(z[m:m + 3]) @ R_ic
         if estimate_bias:
-            bias = bias + z[6:9]
+            bias = bias + z[m + 3:m + 6]
     return replace(al, R_ic=R_ic, gyro_bias=bias)
+
+
+def _stretch_columns(stretch: np.ndarray) -> np.ndarray:
+    """(3n, 3S) the constant per gap-free stretch of n keyframes (S stretches among them):
+    np.tile(np.eye(3), (n, 1)) for one."""
+    labels = np.unique(stretch)
+    if len(labels) == 1:
+        return np.tile(np.eye(3), (len(stretch), 1))
+    out = np.zeros((len(stretch), 3, 3 * len(labels)))
+    for j, label in enumerate(labels):
+        out[stretch == label, :, 3 * j:3 * j + 3] = np.eye(3)
+    return out.reshape(3 * len(stretch), -1)
+
+
+def _anchor_residuals(anchors: np.ndarray, stretch: np.ndarray) -> np.ndarray:
+    """(n,3) each anchor's log from its gap-free stretch's mean anchor."""
+    labels = np.unique(stretch)
+    if len(labels) == 1:
+        return so3_log(np.swapaxes(rotation_mean(anchors), -1, -2) @ anchors)
+    out = np.zeros((len(anchors), 3))
+    for label in labels:
+        sel = stretch == label
+        out[sel] = so3_log(np.swapaxes(rotation_mean(anchors[sel]), -1, -2) @ anchors[sel])
+    return out

@@ -21,7 +21,10 @@ velocity that lands on p_k+1. A constant error in
 the acceleration bows a segment by a dt^2 / 8: a bias of 0.1 m/s^2 (taken out
 here) moves the middle of a 0.1 s segment 0.1 mm, of a 0.4 s gap 2 mm; with
 gravity in the samples it would bow by centimetres, so a raw accelerometer keeps
-the cubic's positions."""
+the cubic's positions.
+
+Between two keyframes with a gap in imu.json (`packer.imu_gaps`) the IMU did not
+see what the camera did: those frames keep the cubic."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packer.imu_gaps import crosses_gap, gap_spans
 from packer.slam.imu_align import ImuTrack
 from packer.slam.interpolate import INTERPOLATED
 from packer.slam.rotations import so3_exp, so3_log
@@ -68,6 +72,7 @@ def imu_between(frame_ts: np.ndarray, poses: np.ndarray, flags: np.ndarray, key_
     sel = np.flatnonzero((flags == INTERPOLATED) & (frame_ts > key_ts[0]) & (frame_ts < key_ts[-1]))
     k = np.searchsorted(key_ts, frame_ts[sel], side="right") - 1
     covered = (key_ts[k] >= t_imu[0]) & (key_ts[k + 1] <= t_imu[-1])
+    covered &= ~crosses_gap(gap_spans(t_imu), key_ts[k], key_ts[k + 1])  # the IMU saw none of a gap
     sel, k = sel[covered], k[covered]
     out = poses.copy()
     if len(sel) == 0:

@@ -25,7 +25,7 @@ from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERE
 from packer.slam.marker import MarkerError, parse_known_distance
 from packer.slam.options import SlamOptions
 from packer.slam.plot import plot_session, plot_stored
-from packer.slam.scale_methods import ModelRefused, baseline_reason, metric_scale
+from packer.slam.scale_methods import ModelRefused, baseline_reason, gaps_named, metric_scale
 from packer.slam.stages import Stages
 from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
@@ -131,8 +131,11 @@ def _run(path: Path, opts: SlamOptions, stages: Callable[[str], None]) -> SlamRe
     try:
         return _solved(session, opts, stages, imu, fp, stat)
     except SessionError as e:  # the same inputs will get the same refusal: remembered (`store.write_refusal`)
-        store.write_refusal(session, fp, stat, str(e))
-        raise
+        named = gaps_named(e, imu)  # a gap in imu.json said first (`packer.imu_gaps`)
+        store.write_refusal(session, fp, stat, str(named))
+        if named is e:
+            raise
+        raise named from None
 
 
 def _stored(session: Session, opts: SlamOptions, fp: str | None = None, stat: str | None = None

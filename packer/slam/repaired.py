@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from packer.imu_gaps import find_gaps, gap_summary
 from packer.slam.gyro_repair import Repaired, RepairFailed, applies, cluster_part, gyro_repair
 from packer.slam.imu_align import AlignmentError, align_imu
 from packer.slam.part_links import imu_joins, link_parts, segments, shared_points
@@ -100,6 +101,10 @@ def repaired_scale(session: Session, opts: SlamOptions, imu: Imu, model: colmap.
     the repair found, when it does not apply, fails, or its model is refused too."""
     if not applies(opts, model):
         raise refusal
+    gaps = find_gaps(imu.t)
+    if gaps:  # the model is mapped on the gyro's rotations integrated from its first sample: unknown after a gap
+        raise session.error(refusal.path, f"{refusal.reason}; not mapped again on the gyro's rotations: "
+                            f"{gap_summary(gaps)}, so the gyro's turn across it is unknown")
     stages("scale (gyro repair)")
     try:
         rep = gyro_repair(session, opts, imu, model, refusal.alignment)

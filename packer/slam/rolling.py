@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from packer.imu_gaps import find_gaps
 from packer.slam.tracks import Tracks
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: T
     if win.best is None and opts.gyro_prior:  # no search ran (little motion, or the readout was given): align once
         a, b = busiest_window(session.timestamps[kpos], _rates(fixed))
         win(fixed.subset(a, b), a, b)
-    if win.best is not None and opts.gyro_prior:
+    if win.best is not None and opts.gyro_prior and not find_gaps(imu.t):  # (no gyro turn known across an IMU gap)
         from packer.slam.gyro_prior import drop_off_gyro, gyro_rotations
 
         fixed = dataclasses.replace(fixed, rotations=gyro_rotations(imu, win.best[1], session.timestamps[kpos]))

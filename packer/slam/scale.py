@@ -25,7 +25,10 @@ camera-IMU rotation from `align_imu`, refined there on absolute orientations), a
 the anchor A is the chordal mean of R_wc R_ci R_g^T over the keyframes within
 `anchor_span` s of the window, so the SfM rotation noise averages out. Every
 integral comes from cumulative sums (exact for linearly interpolated samples): a
-30 s session costs under 0.1 s.
+30 s session costs under 0.1 s. A gap in imu.json (`packer.imu_gaps`) ends a window:
+no window integrates across one, each takes its anchor from keyframes of its own
+gap-free stretch (the turn the phone made in the gap is unknown), and keyframes
+inside a gap are left out.
 
 Noise: e_j is the SfM jitter (white, variance v) plus k times the double-integrated
 accelerometer noise (an integrated Brownian motion, covariance lambda v C(t_i, t_j)).
@@ -58,6 +61,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from packer.imu_gaps import gap_spans, stretch_of
 from packer.slam.accel import GRAVITY, detect_accel_mode, excitation
 from packer.slam.imu_align import ImuTrack
 from packer.slam.lsq import lstsq as _lstsq
@@ -155,13 +159,17 @@ def _windows(
     span = float(key_ts[-1] - key_ts[0])
     edges = np.linspace(key_ts[0], key_ts[-1], max(1, int(round(span / opt.window))) + 1)
     which = np.clip(np.searchsorted(edges, key_ts, side="right") - 1, 0, len(edges) - 2)
+    groups = [np.nonzero(which == w)[0] for w in range(len(edges) - 1)]
+    stretch = stretch_of(gap_spans(imu.t), key_ts)  # a window ends at a gap in the IMU, and its anchor ...
+    if stretch.any():
+        groups = [g[stretch[g] == s] for g in groups for s in np.unique(stretch[g])]
     out = []
-    for w in range(len(edges) - 1):
-        idx = np.nonzero(which == w)[0]
+    for idx in groups:
         if len(idx) < 3:
             continue
         t0, t1 = float(key_ts[idx[0]]), float(key_ts[idx[-1]])
         near = np.abs(key_ts - 0.5 * (t0 + t1)) <= max(opt.anchor_span, 0.5 * (t1 - t0))
+        near &= stretch == stretch[idx[0]]  # ... comes from its own gap-free stretch (the turn across is unknown)
         A = rotation_mean(anchors_k[near])
         tau = key_ts[idx] - t0
         local = i2[idx] - i2[idx[0]] - tau[:, None] * i1[idx[0]]  # double integrals from t0
@@ -304,7 +312,7 @@ def solve_scale(
     opt = options or ScaleOptions()
     key_ts = np.asarray(key_ts, dtype=np.float64)
     t = np.asarray(imu_t, dtype=np.float64) - offset  # IMU samples on the frame clock
-    inside = (key_ts >= t[0]) & (key_ts <= t[-1])
+    inside = (key_ts >= t[0]) & (key_ts <= t[-1]) & (stretch_of(gap_spans(t), key_ts) >= 0)  # none in a gap
     covered = float(np.ptp(key_ts[inside])) if inside.sum() > 1 else 0.0
     gyr = np.asarray(gyro, dtype=np.float64) - (0.0 if gyro_bias is None else np.asarray(gyro_bias))
     imu = ImuTrack(t, np.asarray(accel_g, dtype=np.float64) * GRAVITY, gyr)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
+from packer.imu_gaps import find_gaps, gap_summary
 from packer.session import Imu, Session
 from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu, worst_stretch
 from packer.slam.interpolate import interpolate_poses
@@ -170,6 +171,18 @@ def refuse_if_still(session: Session, key_ts: np.ndarray, key_T: np.ndarray, imu
         return
     if excitation < opt.min_excitation:
         raise session.error("imu.json", still_reason(excitation, opt.min_excitation))
+
+
+def gaps_named(refusal: SessionError, imu: Imu | None) -> SessionError:
+    """`refusal` of a session whose imu.json has gaps (`packer.imu_gaps`), naming them
+    first: the IMU terms leave each out, so the IMU said less about this recording
+    than its length suggests, and the user should know before reading the rest.
+    Without a gap, `refusal` as it is."""
+    gaps = [] if imu is None else find_gaps(imu.t)
+    if not gaps or gap_summary(gaps) in refusal.reason:
+        return refusal
+    return SessionError(refusal.session, refusal.path, f"{gap_summary(gaps)} (the phone's main thread busy), left "
+                        f"out of the IMU terms; on the rest: {refusal.reason}")
 
 
 class ModelRefused(SessionError):

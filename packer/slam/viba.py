@@ -15,9 +15,10 @@ landmark L_j. Factors:
 
 - CombinedImuFactor between consecutive keyframes: the IMU samples between them
   (frame clock = IMU clock - offset from `align_imu`) preintegrated on the bias
-  estimate, with a bias random walk. The app's accelerometer is gravity-removed
-  (userAcceleration, g units): preintegration then runs with zero gravity; a raw
-  accelerometer uses the gravity vector the windowed solve found in the SfM frame.
+  estimate, with a bias random walk (none across a gap in imu.json, `packer.imu_gaps`:
+  the bias crosses it by its random walk, a keyframe no IMU factor reaches gets a weak
+  velocity prior). The app's accelerometer is gravity-removed (userAcceleration, g
+  units): zero gravity in the preintegration; a raw one, the windowed solve's (SfM frame).
 - projection factors (Cal3DS2 = COLMAP's SIMPLE_RADIAL f, cx, cy, k1 after its bundle
   adjustment) from every observation of a point seen in >= 3 keyframes, robust
   (Huber), through the fixed camera-IMU extrinsic body_P_sensor = (R_ic, 0);
@@ -48,6 +49,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from packer.imu_gaps import crosses_gap, gap_spans, stretch_of
 from packer.slam.accel import GRAVITY, at_camera_centre
 from packer.slam.rotations import umeyama
 from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
@@ -108,8 +110,6 @@ class VibaResult:
     lever_arm: np.ndarray | None = None  # m, the IMU's position in the camera frame used (searched: `lever_search`)
 
 
-
-
 def _params(gsam, acc_d: float, gyr_d: float, gravity: np.ndarray, R_ic: np.ndarray, opt: VibaOptions):
     """PreintegrationCombinedParams with the measured noise, the world's gravity
     (zero for a gravity-removed accelerometer) and the IMU's pose in the camera
@@ -141,8 +141,6 @@ def _preintegrate(gsam, params, bias, t: np.ndarray, acc: np.ndarray, gyr: np.nd
     return pim
 
 
-
-
 @dataclass
 class _Problem:
     """What the graph is built from, all in the frame clock and the SfM world."""
@@ -172,9 +170,17 @@ def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarr
     graph.add(gsam.PriorFactorVector(V(0), pr.v[0], gsam.noiseModel.Isotropic.Sigma(3, 1.0)))
     graph.add(gsam.PriorFactorConstantBias(B(0), bias0, gsam.noiseModel.Diagonal.Sigmas(
         np.array([0.2, 0.2, 0.2] + [opt.gyro_bias_prior] * 3))))
+    across = crosses_gap(gap_spans(imu_t), pr.key_ts[:-1], pr.key_ts[1:])  # intervals reaching into an IMU gap
     for k in range(len(pr.key_ts) - 1):
-        pim = _preintegrate(gsam, params, bias0, imu_t, acc, gyr, pr.key_ts[k], pr.key_ts[k + 1])
-        graph.add(gsam.CombinedImuFactor(X(k), V(k), X(k + 1), V(k + 1), B(k), B(k + 1), pim))
+        if not across[k]:
+            pim = _preintegrate(gsam, params, bias0, imu_t, acc, gyr, pr.key_ts[k], pr.key_ts[k + 1])
+            graph.add(gsam.CombinedImuFactor(X(k), V(k), X(k + 1), V(k + 1), B(k), B(k + 1), pim))
+        else:  # nothing measured there: the bias's random walk alone ties the two ends
+            rw = np.sqrt(pr.key_ts[k + 1] - pr.key_ts[k]) * np.repeat([opt.accel_bias_rw, opt.gyro_bias_rw], 3)
+            graph.add(gsam.BetweenFactorConstantBias(B(k), B(k + 1), gsam.imuBias.ConstantBias(),
+                                                     gsam.noiseModel.Diagonal.Sigmas(rw)))
+    for k in np.flatnonzero((np.r_[True, across] & np.r_[across, True])[1:]) + 1:  # no IMU factor reaches these
+        graph.add(gsam.PriorFactorVector(V(int(k)), pr.v[k], gsam.noiseModel.Isotropic.Sigma(3, 1.0)))
     f, cx, cy, k1 = (list(camera) + [0.0] * 4)[:4]
     K = gsam.Cal3Bundler(f, k1, 0.0, cx, cy)  # COLMAP's SIMPLE_RADIAL: u = cx + f (1 + k1 r^2) x
     noise = gsam.noiseModel.Robust.Create(gsam.noiseModel.mEstimator.Huber.Create(opt.huber_k),
@@ -253,8 +259,6 @@ def _reprojection(gsam, pr: _Problem, res, camera: list[float]) -> np.ndarray:
     return err
 
 
-
-
 def _problem(key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray, model, R_ic: np.ndarray, scale0: float,
              opt: VibaOptions, imu: tuple[np.ndarray, np.ndarray]) -> _Problem:
     """The keyframes inside the IMU span, scaled by `scale0`, and the observations
@@ -270,6 +274,7 @@ def _problem(key_ts: np.ndarray, key_T: np.ndarray, inside: np.ndarray, model, R
     xy = model.obs_xy[obs].astype(np.float64)
     if opt.rolling_shutter and len(obs):
         w = np.stack([np.interp(key_ts[idx], imu[0], imu[1][:, i]) for i in range(3)], axis=1) @ R_ic  # R_ci w
+        w[stretch_of(gap_spans(imu[0]), key_ts[idx]) < 0] = 0.0  # a keyframe in an IMU gap: its rate is unknown
         xy = rolling_shutter_correct(xy, w[obs_kf], list(model.camera), opt.rolling_shutter)
     return _Problem(key_ts=key_ts[idx], R_wc=key_T[idx, :3, :3], p=p, v=v, points=scale0 * model.points_xyz,
                     obs=obs, obs_kf=obs_kf, obs_pt=model.obs_point[obs], obs_xy=xy)
@@ -440,13 +445,14 @@ def _result(gsam, graph, res, pr: _Problem, key_ts: np.ndarray, key_T: np.ndarra
     T[inside, :3, 3] = p
     imu, vis, total, rows = _chi2(graph, res)
     n_pts = len(np.unique(pr.obs_pt[keep]))
-    dof = max(15 * (n - 1) + rows - (15 * n + 3 * n_pts - 15), 1)
+    n_imu = sum("CombinedImu" in type(graph.at(i)).__name__ for i in range(graph.size()))  # n - 1 without a gap
+    dof = max(15 * n_imu + rows - (15 * n + 3 * n_pts - 15), 1)
     birge = total / dof
     std = _scale_std(gsam, graph, res, pr, centres, birge)
     err = _reprojection(gsam, pr, res, camera)[keep]
     bias = res.atConstantBias(B(0))
     return VibaResult(
-        T_wc=T, scale=float(s), rel_std=std / float(s), imu_chi2=imu / max(15 * (n - 1), 1),
+        T_wc=T, scale=float(s), rel_std=std / float(s), imu_chi2=imu / max(15 * n_imu, 1),
         visual_chi2=vis / max(rows, 1), reprojection_rms=float(np.sqrt(np.mean(err**2))) if len(err) else np.inf,
         inlier_fraction=float(keep.mean()) if len(keep) else 0.0, n_points=n_pts, n_observations=int(keep.sum()),
         accel_bias=np.asarray(bias.accelerometer()), gyro_bias=np.asarray(bias.gyroscope()),

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from packer.imu_gaps import second_differences
+
 if TYPE_CHECKING:
     from packer.slam.colmap import SfmModel
 
@@ -47,7 +49,7 @@ def imu_noise_densities(t: np.ndarray, accel: np.ndarray, gyro: np.ndarray) -> t
     dt = float(np.median(np.diff(t)))
 
     def density(x: np.ndarray) -> float:
-        per_axis = float(np.mean(np.diff(x, 2, axis=0) ** 2)) / 6.0
+        per_axis = float(np.mean(second_differences(t, x) ** 2)) / 6.0  # none across an IMU gap
         return float(np.sqrt(per_axis * dt))
 
     return density(accel), density(gyro)

@@ -5,11 +5,13 @@ One loader for all three tools so `packer budget`, `transfer upload` and
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,6 +81,13 @@ class ClusterConfig:
     mem_resource: str = "mem_free"
     mem_per: str = "job"  # "job" | "slot"
 
+    # what these keys really take besides their annotation (check_fields): sizes and wall
+    # clocks as numbers too, and scheduler values the job script writes with str()
+    ACCEPTS: ClassVar[dict[str, str]] = {
+        "quota": "str | int", "mem": "str | int", "time": "str | int",
+        **{k: "str | int | float | None" for k in ("gpu_c", "gpu_type", "gpu_memory", "gres", "constraint",
+                                                   "partition", "queue", "account", "project")}}
+
     @property
     def is_local(self) -> bool:
         return self.host.startswith("local:")
@@ -110,9 +119,9 @@ class Config:
                 raise ShardshipError(
                     f"no [cluster.{name}] in {self.path or DEFAULT_CONFIG} (configured: {known})"
                 )
-            return self.clusters[name]
+            return self._reachable(self.clusters[name])
         if len(self.clusters) == 1:
-            return next(iter(self.clusters.values()))
+            return self._reachable(next(iter(self.clusters.values())))
         if not self.clusters:
             raise ShardshipError(
                 f"no cluster configured: add a [cluster.NAME] section to {self.path or DEFAULT_CONFIG} "
@@ -123,17 +132,123 @@ class Config:
             "pick one with --cluster NAME"
         )
 
+    def _reachable(self, cl: ClusterConfig) -> ClusterConfig:
+        """A cluster table without a host is a config error (exit 2), said before a
+        command tries to connect: the connection layer said it as a remote failure (4)."""
+        if not cl.host.strip():
+            raise ShardshipError(f"{self.path or DEFAULT_CONFIG} [cluster.{cl.name}]: no host: set host = "
+                                 "\"login.example.edu\" (or an ~/.ssh/config alias, or \"local:/a/directory\")")
+        return cl
 
-def _dataclass_from(cls: type, data: dict[str, Any], where: str, **extra: Any) -> Any:
+
+def _dataclass_from(cls: type, data: Any, where: str, **extra: Any) -> Any:
+    if not isinstance(data, Mapping):
+        raise ShardshipError(f"{where} is a {type(data).__name__}, but it is a table: write {where.split()[-1]} "
+                             "with its keys below it")
     names = {f.name for f in dataclasses.fields(cls)}
     aliases = {"h_rt": "time"}
-    kwargs: dict[str, Any] = dict(extra)
+    given: dict[str, Any] = {}
     for k, v in data.items():
         k = aliases.get(k, k)
         if k not in names:
             raise ShardshipError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(names))})")
-        kwargs[k] = v
-    return cls(**kwargs)
+        given[k] = v
+    check_fields(cls, given, where)
+    return cls(**{**extra, **given})
+
+
+# ------------------------------------------------------------------ value types
+# A value of the wrong type (`batch_size = "64"`) ran on into a TypeError traceback far from
+# the file (`'<' not supported between 'str' and 'int'`), or worse, half-worked (int("64")
+# in one place, "64" * 2 in another). Every table is checked here, by its dataclass's
+# annotations, as it is read: one line naming the file, table, key, the type wanted and
+# what to write. train.config checks [train] with the same function.
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "int (a whole number)"),
+    "float": ((int, float), "float (a number)"),
+    "bool": ((bool,), "bool (true or false)"),
+    "str": ((str,), "str (text in quotes)"),
+    "Path": ((str,), "str (a path in quotes)"),
+}
+
+
+def toml_text(value: Any) -> str:
+    """`value` as it is written in shardship.toml."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_text(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k} = {toml_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _fits(value: Any, kind: str) -> bool:
+    """Is `value` of one type of the annotation part `kind` ("int", "list[str]", "dict[...]")?"""
+    if kind in ("Any", "object"):
+        return True
+    if kind == "None":
+        return value is None
+    if kind.startswith(("list", "tuple")):
+        inner = kind.partition("[")[2].rstrip("]").strip()
+        return isinstance(value, (list, tuple)) and (not inner or all(_fits(v, inner) for v in value))
+    if kind.startswith(("dict", "Mapping")):
+        return isinstance(value, Mapping)
+    types, _ = _KINDS.get(kind, ((object,), kind))
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def _said(kind: str) -> str:
+    if kind.startswith(("list", "tuple")):
+        inner = kind.partition("[")[2].rstrip("]").strip()
+        return f"a list of {inner}" if inner in _KINDS else "a list"
+    if kind.startswith(("dict", "Mapping")):
+        return "a table"
+    return _KINDS.get(kind, ((), kind))[1]
+
+
+def _example(value: Any, kinds: list[str], default: Any) -> Any:
+    """What to write instead: the quoted number unquoted, the single string in a list,
+    else the default."""
+    for kind in kinds:
+        if isinstance(value, str) and kind in ("int", "float", "bool"):
+            text = value.strip().lower()
+            try:
+                return {"int": int, "float": float}[kind](text) if kind != "bool" else {"true": True,
+                                                                                          "false": False}[text]
+            except (ValueError, KeyError):
+                continue
+        if kind == "list[str]" and isinstance(value, str):  # val_sessions = "a", setup = "module load x"
+            return [value]
+    return default
+
+
+def check_value(key: str, value: Any, annotation: str, where: str, default: Any = None) -> None:
+    """Raise one line when `value` (of `key` in `where`, e.g. "shardship.toml [train]") is
+    not of the type `annotation` names ("int", "str | None", "list[str]")."""
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if any(_fits(value, k) for k in kinds):
+        return
+    wanted = [k for k in kinds if k != "None"]
+    fix = _example(value, wanted, default)
+    write = f"write {key} = {toml_text(fix)}" if fix is not None and not isinstance(fix, Mapping) else \
+        f"write it as a [{key}] table"
+    shown = toml_text(value) if isinstance(value, bool) else repr(value)  # '64': the quotes the user wrote
+    raise ShardshipError(f"{where}: {key} = {shown} is a {type(value).__name__}, where shardship reads "
+                         f"{' or '.join(_said(k) for k in wanted)}: {write}")
+
+
+def check_fields(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """check_value for each of `values` that is a field of the dataclass `cls`, by its
+    annotation (or the class's ACCEPTS, where a key takes more than it says)."""
+    accepts: Mapping[str, str] = getattr(cls, "ACCEPTS", {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in values.items():
+        f = fields.get(key)
+        if f is None:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        check_value(key, value, accepts.get(key, str(f.type)), where, default)
 
 
 TABLES = ("paths", "pack", "slam", "scale", "train", "budget", "cluster")
@@ -179,15 +294,19 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     _known(paths, ("raw", "packed", "outputs"), f"{p} [paths]: unknown key")
     for key in ("raw", "packed", "outputs"):
         if key in paths:
+            check_value(key, paths[key], "Path", f"{p} [paths]", str(getattr(cfg, key)))
             setattr(cfg, key, Path(paths[key]))
     if "pack" in data:
         cfg.pack = _dataclass_from(PackOptions, data["pack"], f"{p} [pack]")
         cfg.pack.validate(f"{p} [pack]")
-    _known(_table(data, "budget", p), BUDGET_KEYS, f"{p} [budget]: unknown key")
-    cfg.slam = dict(data.get("slam", {}))
-    cfg.scale = dict(data.get("scale", {}))
-    cfg.train = dict(data.get("train", {}))
-    cfg.budget = dict(data.get("budget", {}))
+    budget = _table(data, "budget", p)
+    _known(budget, BUDGET_KEYS, f"{p} [budget]: unknown key")
+    if "env" in budget:  # a size: "4G", or bytes
+        check_value("env", budget["env"], "str | int", f"{p} [budget]", "4G")
+    cfg.slam = dict(_table(data, "slam", p))
+    cfg.scale = dict(_table(data, "scale", p))
+    cfg.train = dict(_table(data, "train", p))
+    cfg.budget = dict(budget)
     for name, section in _table(data, "cluster", p).items():
         cl = cfg.clusters[name] = _dataclass_from(ClusterConfig, section, f"{p} [cluster.{name}]", name=name)
         if cl.is_local and not cl.host[len("local:"):].strip():

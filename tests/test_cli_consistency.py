@@ -105,3 +105,68 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path: Path) -> None:
         assert "Traceback" not in err and said in err, (argv, err)
         assert len(err.splitlines()) == 1, (argv, err)
         assert not list(tmp_path.rglob(".lock")) and not list(tmp_path.rglob(".packer.lock")), argv
+
+
+def _one_line_exit_2(argv: list[str], cwd: Path) -> str:
+    """Run a tool as the user types it: exit 2 and one `error:` line, no traceback."""
+    r = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=300, cwd=cwd)
+    err = r.stderr.strip()
+    assert r.returncode == 2, (argv, r.returncode, r.stdout, err)
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("error: "), (argv, err)
+    return err
+
+
+SUBMIT = ["train", "submit", "--dry-run", "--offline", "--cluster", "local:{tmp}/home"]
+# (the table's text, the commands that read it, what the line must say): issue 39.7.2
+WRONG_TYPES = [
+    ('[train]\nbatch_size = "64"\n', [["train", "run"], SUBMIT],
+     ["[train]: batch_size = '64' is a str", "reads int", "write batch_size = 64"]),
+    ('[train]\nkeep = "2"\n', [["packer", "budget"], ["train", "run"]],
+     ["[train]: keep = '2' is a str", "reads int", "write keep = 2"]),
+    ('[train]\nlr = "3e-4"\n', [["train", "run"]], ["[train]: lr = '3e-4' is a str", "reads float", "lr = 0.0003"]),
+    ("[train.model]\nunet_dims = 64\n", [["train", "run"], SUBMIT],
+     ["[train.model]: unet_dims = 64 is a int", "reads a list of int"]),
+    ('[pack]\nquality = "90"\n', [["packer", "pack"]], ["[pack]: quality = '90' is a str", "reads int"]),
+    ('[cluster.hpc]\nhost = "local:{tmp}/home"\nnodes = "2"\n', [["transfer", "status"], ["train", "doctor"]],
+     ["[cluster.hpc]: nodes = '2' is a str", "reads int", "write nodes = 2"]),
+    ('[cluster.hpc]\nhost = "local:{tmp}/home"\nsetup = "module load torch"\n', [["transfer", "upload"]],
+     ["setup = 'module load torch' is a str", "reads a list of str", 'write setup = ["module load torch"]']),
+    ("[paths]\npacked = 5\n", [["transfer", "status", "--cluster", "local:{tmp}/home"], ["train", "eval"]],
+     ["[paths]: packed = 5 is a int", "reads str", 'write packed = "data/packed"']),
+]
+
+
+def test_a_wrong_typed_value_is_one_line_naming_file_key_and_type_in_every_tool(tmp_path: Path) -> None:
+    """`batch_size = "64"` was a TypeError traceback from `train run` (only `train submit`
+    caught it); the same for [pack], [cluster.*] and [paths] in packer and transfer. Now
+    every table is checked where shardship.toml is read: exit 2, one line naming the
+    file, the key, the type shardship reads and what to write."""
+    for i, (text, commands, said) in enumerate(WRONG_TYPES):
+        cfg = tmp_path / f"wrong{i}.toml"
+        cfg.write_text(text.replace("{tmp}", str(tmp_path)))
+        for argv in commands:
+            argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+            err = _one_line_exit_2([*argv, "--config", str(cfg)], tmp_path)
+            assert str(cfg) in err and all(s in err for s in said), (argv, err)
+
+
+def test_a_cluster_without_host_is_a_config_error_exit_2(tmp_path: Path) -> None:
+    """Issue 39.7.3: the README's table says 2 for a config error; a [cluster.NAME]
+    without `host` exited 4 (a remote failure) from every command that connects, and
+    `train submit --dry-run` rendered a script for it without a word."""
+    cfg = tmp_path / "nohost.toml"
+    cfg.write_text('[cluster.hpc]\nremote_dir = "data"\n')
+    for argv in (["transfer", "upload"], ["transfer", "status"], ["transfer", "connect"], ["transfer", "pull", "x"],
+                 ["train", "doctor"], ["train", "submit", "--dry-run", "--offline"]):
+        err = _one_line_exit_2([*argv, "--config", str(cfg), "--cluster", "hpc"], tmp_path)
+        assert f"{cfg} [cluster.hpc]: no host: set host = " in err, (argv, err)
+    from shardship.config import ClusterConfig
+    from shardship.errors import Exit, ShardshipError
+    from transfer import connect
+
+    with pytest.raises(ShardshipError) as e:  # the connection layer, for callers without a config file
+        connect(ClusterConfig(name="hpc"))
+    assert e.value.code == Exit.USAGE and "has no host" in str(e.value)
+    with pytest.raises(ShardshipError) as e:
+        connect(ClusterConfig(name="hpc", host="login.example.edu", transport="telnet"))
+    assert e.value.code == Exit.USAGE and "transport = 'telnet'" in str(e.value)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardship.config import Config
+from shardship.config import DEFAULT_CONFIG, Config
 from shardship.errors import ShardshipError
 from shardship.format import index as fmt
 from shardship.units import human, parse_size
@@ -131,8 +131,10 @@ def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote:
     """(the budget, where the quota came from) for the packed data in `out_dir`.
     Quota source, in order: live from `remote`, `quota`, a single configured
     cluster's quota, 10G."""
-    from train.config import TrainConfig
-    from train.model import checkpoint_bytes
+    from train.config import TrainConfig, check_train_types
+
+    check_train_types(cfg.train, f"{cfg.path or DEFAULT_CONFIG} [train]")  # keep = "2" is one line, not int("2")
+    from train.model import checkpoint_bytes  # torch
 
     index = fmt.load(out_dir)
     assert index is not None

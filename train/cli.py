@@ -74,12 +74,12 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
     """Train the diffusion policy on the packed shards (resumes automatically)."""
     from shardship.config import load_config
     from train.config import TrainConfig
-    from train.trainer import train
 
     cfg = load_config(config_path)
     where = f"{cfg.path or 'shardship.toml'} [train]"
     overrides["time_limit"] = _from_job_start(overrides.get("time_limit"))
     tc = TrainConfig.from_dict(cfg.train, where).merged(**overrides)
+    from train.trainer import train  # torch: after the config's one-line errors, which need none of it
     if preset:
         tc.model = {**tc.model, "preset": preset}
     if backbone_weights:
@@ -163,9 +163,10 @@ def eval_cmd(data: Path | None, out: Path | None, config_path: Path | None, chec
              device: str, seed: int, quiet: bool) -> None:
     """Position (cm), rotation (deg) and joint (deg) error of the EMA policy on the validation sessions."""
     from shardship.config import load_config
-    from train.evaluate import evaluate, summary_lines
 
     cfg = load_config(config_path)
+    from train.evaluate import evaluate, summary_lines  # torch: after the config is read
+
     res = evaluate(data or cfg.packed, out or cfg.outputs, checkpoint=checkpoint, max_samples=max_samples,
                    ddim_steps=ddim_steps, batch_size=batch_size, num_workers=num_workers, device=device, seed=seed,
                    sampler=sampler, progress=not quiet)

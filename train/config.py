@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardship.config import check_fields, check_value
 from shardship.errors import ShardshipError
 from shardship.split import SEED, VAL_FRACTION
 
@@ -181,7 +182,7 @@ class TrainConfig:
     tensorboard: bool = True  # event files next to metrics.jsonl (rank 0), when tensorboard is installed
     wandb: bool = False  # also log to Weights & Biases, when wandb is installed
     wandb_project: str = "shardship"
-    time_limit: str | None = None  # "HH:MM:SS" or seconds: checkpoint and stop before it
+    time_limit: str | float | None = None  # "HH:MM:SS" or seconds: checkpoint and stop before it
     log_samples: bool = False  # per-rank samples/rankN.jsonl (which samples each step used)
     model: dict[str, Any] = field(default_factory=dict)
 
@@ -191,6 +192,7 @@ class TrainConfig:
         known keys: silently ignoring it would train with a default nobody chose."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {}
+        check_train_types(d, where)
         model = model_table(d.get("model"), where)
         for k, v in d.items():
             if k == "model":
@@ -246,6 +248,30 @@ class TrainConfig:
         out = TrainConfig(**d)
         out.validate("command line")
         return out
+
+
+def _model_type(default: Any) -> str:
+    """A model key's type, from its default (DEFAULTS holds one of each)."""
+    if isinstance(default, list):
+        return "list[int]"  # enc_channels, unet_dims: channel counts
+    return {bool: "bool", int: "int", float: "float"}.get(type(default), "str")
+
+
+def check_train_types(d: Mapping[str, Any], where: str = "[train]") -> None:
+    """Every [train] value, and every model key (in [train] or [train.model]), of the type
+    the trainer reads, by shardship.config.check_value: `batch_size = "64"` is one line
+    naming the file and key in every command that reads [train] (`train run`, `train
+    submit`, `packer budget`), not a TypeError from deep inside the loop."""
+    model = model_table(d.get("model"), where)
+    check_fields(TrainConfig, {k: v for k, v in d.items() if k != "model"}, where)
+    nested = f"{where[:-1]}.model]" if where.endswith("]") else f"{where} model"
+    for table, keys in ((where, {k: v for k, v in d.items() if k not in _FIELDS}), (nested, model)):
+        for k, v in keys.items():
+            if k in DEFAULTS:
+                check_value(k, v, _model_type(DEFAULTS[k]), table, DEFAULTS[k])
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 
 
 def parse_duration(text: str | int | float | None) -> float | None:

@@ -10,7 +10,8 @@ Fabric: one `Connection` per command: host may be a ~/.ssh/config alias
 (HostName, User, Port, IdentityFile, ProxyJump are honoured by Fabric's ssh
 config loading), unknown host keys are refused (see hostkeys), and MFA
 prompts go to the terminal (see auth). Connection problems become one-line
-`RemoteError`s (exit code 4) that name the host and say what to check.
+`RemoteError`s (exit code 4) that name the host and say what to check; a
+[cluster.NAME] that names no host or transport to try is a config error (exit 2).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shardship.config import ClusterConfig
-from shardship.errors import RemoteError
+from shardship.errors import RemoteError, ShardshipError
 from transfer.remote import (
     SFTP_MAX_PACKET_SIZE,
     SFTP_WINDOW_SIZE,
@@ -72,8 +73,8 @@ def connect(cluster: ClusterConfig, accept_new_host_key: bool = False, *, prompt
     if cluster.is_local:
         return LocalRemote(local_home(cluster.host), cluster.remote_dir, cluster.python)
     if not cluster.host:
-        raise RemoteError(f"[cluster.{cluster.name}] has no host: "
-                          "set host = \"login.example.edu\" (or an ~/.ssh/config alias)")
+        raise ShardshipError(f"[cluster.{cluster.name}] has no host: "  # a config error (exit 2), not a remote one
+                             "set host = \"login.example.edu\" (or an ~/.ssh/config alias)")
     if transport(cluster, prompter) == "openssh":
         master = master_for(cluster, accept_new_host_key)
         master.ensure()
@@ -92,11 +93,11 @@ def transport(cluster: ClusterConfig, prompter: Prompter | None = None) -> str:
     """"openssh" or "paramiko" for this cluster (see the module docstring)."""
     want = (cluster.transport or "auto").lower()
     if want not in ("auto", "openssh", "paramiko"):
-        raise RemoteError(f"[cluster.{cluster.name}] transport = {cluster.transport!r}: "
-                          f"use \"auto\", \"openssh\" or \"paramiko\"")
+        raise ShardshipError(f"[cluster.{cluster.name}] transport = {cluster.transport!r}: "
+                             f"use \"auto\", \"openssh\" or \"paramiko\"")
     if want == "openssh" and ssh_binary() is None:
-        raise RemoteError(f"[cluster.{cluster.name}] transport = \"openssh\" but no `ssh` client is installed: "
-                          f"install openssh-client or set transport = \"paramiko\"")
+        raise ShardshipError(f"[cluster.{cluster.name}] transport = \"openssh\" but no `ssh` client is installed: "
+                             f"install openssh-client or set transport = \"paramiko\"")
     if want == "auto":
         return "openssh" if ssh_binary() is not None and prompter is None else "paramiko"
     return want
@@ -105,7 +106,7 @@ def transport(cluster: ClusterConfig, prompter: Prompter | None = None) -> str:
 def master_for(cluster: ClusterConfig, accept_new_host_key: bool = False) -> Master:
     """The cluster's OpenSSH master (not started): for `transfer connect` / `disconnect`."""
     if cluster.is_local or not cluster.host:
-        raise RemoteError(f"[cluster.{cluster.name}]: host {cluster.host!r} is not an SSH host: nothing to connect")
+        raise ShardshipError(f"[cluster.{cluster.name}]: host {cluster.host!r} is not an SSH host: nothing to connect")
     return resolve(cluster, accept_new_host_key)
 
 

@@ -298,6 +298,36 @@ def test_cli_local_dry_run_upload_status_quota(packed, tmp_path: Path) -> None:
     assert r.exit_code == 4 and "does not exist" in r.output
 
 
+def test_cli_status_exits_1_while_a_shard_is_missing_or_incomplete(packed, tmp_path: Path) -> None:
+    """Issue 39.7.4: `transfer status` printed "2/3 shards verified" and exited 0, so
+    `transfer status && sbatch job.sh` queued a job on data that was not there. Now:
+    exit 1 (the README's partial) with one line naming the shards, until it is whole."""
+    out, index = packed
+    names = [s["name"] for s in index["shards"]]
+    target = f"local:{tmp_path / 'h'}"
+    args = ["status", "--cluster", target, "--out", str(out)]
+    r = CliRunner().invoke(cli, args)  # nothing sent yet
+    assert r.exit_code == 1, r.output
+    assert "error: " in r.output and "incomplete: 3 of 3 shards not verified" in r.output, r.output
+    assert "remote index.json is missing" in r.output and "run `transfer upload`" in r.output, r.output
+    assert CliRunner().invoke(cli, ["upload", "--cluster", target, "--out", str(out), "--quiet"]).exit_code == 0
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    root = tmp_path / "h" / "shardship"
+    (root / names[0]).unlink()  # gone on the cluster
+    with open(root / names[1], "r+b") as f:  # cut short (a copy by hand that stopped)
+        f.truncate(index["shards"][1]["bytes"] // 2)
+    for extra in ([], ["--verify"]):
+        r = CliRunner().invoke(cli, args + extra)
+        assert r.exit_code == 1, (extra, r.output)
+        (line,) = [ln for ln in r.output.splitlines() if ln.startswith("error: ")]
+        assert "incomplete: 2 of 3 shards not verified" in line and "run `transfer upload`" in line, line
+        assert f"{names[0]} (missing)" in line and f"{names[1]} (incomplete)" in line, line
+        assert "Traceback" not in r.output
+    assert CliRunner().invoke(cli, ["upload", "--cluster", target, "--out", str(out), "--quiet"]).exit_code == 0
+    r = CliRunner().invoke(cli, args + ["--verify"])
+    assert r.exit_code == 0 and "3/3 shards verified" in r.output, r.output
+
+
 def test_cli_over_quota_exit_3(packed, tmp_path: Path) -> None:
     out, _ = packed
     cfg = tmp_path / "shardship.toml"

@@ -123,7 +123,8 @@ def upload(cluster: str | None, config: Path | None, out: Path | None, accept_ne
 @_errors
 def status(cluster: str | None, config: Path | None, out: Path | None, accept_new_host_key: bool,
            verify: bool) -> None:
-    """What is local, remote, verified, missing."""
+    """What is local, remote, verified, missing. Exit 1 while the remote does not hold the
+    local pack yet (a shard missing, partial or different, index.json not the same)."""
     from transfer.manifest import load_local
     from transfer.status import local_verify
     from transfer.status import status as do_status
@@ -137,6 +138,9 @@ def status(cluster: str | None, config: Path | None, out: Path | None, accept_ne
         bad = local_verify(packed, load_local(packed)[1])
         if bad:
             click.echo(f"  local shards that differ from index.json: {', '.join(bad)} (re-run `packer pack`)")
+    why = report.incomplete()
+    if why:
+        raise ShardshipError(why, code=Exit.PARTIAL)
 
 
 @main.command()

@@ -58,6 +58,26 @@ class StatusReport:
     def complete(self) -> bool:
         return bool(self.shards) and all(s.verified for s in self.shards) and self.index_remote == "same"
 
+    def incomplete(self) -> str | None:
+        """Why the remote does not hold this pack yet, in one line; None when it does (or
+        there is no local index.json to hold it to). `transfer status` exits 1 (Exit.PARTIAL)
+        with it: scripted as `transfer status && sbatch ...`, exit 0 said "ready" while
+        shards were missing, and the job then failed on the cluster."""
+        if not self.index_local:
+            return None
+        bad = [s for s in self.shards if not s.verified]
+        parts = []
+        if bad:
+            names = ", ".join(f"{s.name} ({s.state})" for s in bad[:3]) + (" ..." if len(bad) > 3 else "")
+            parts.append(f"{len(bad)} of {len(self.shards)} shards not verified on the remote: {names}")
+        if self.index_remote != "same":
+            parts.append(f"the remote index.json is {self.index_remote}")
+        if self.remote_dataset:
+            parts.append(f"the remote index.json names {len(self.remote_dataset)} missing or damaged files")
+        if not parts:
+            return None
+        return f"{self.where}: incomplete: {'; '.join(parts)}; run `transfer upload` to finish"
+
     def lines(self) -> list[str]:
         out = [f"{self.where}"]
         for s in self.shards:

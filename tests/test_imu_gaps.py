@@ -191,12 +191,20 @@ def _check(raw: Path) -> list[str]:
     return [ln.strip() for ln in r.stdout.splitlines()]
 
 
-def test_imu_gap_deletes_the_samples_in_the_app_s_layout_and_packer_check_names_it(tmp_path: Path):
-    d = synth_session(tmp_path / "raw", "session_2026-03-01_100000", 90, 1)
-    assert not any("samples" in w for w in load_session(d).warnings)
-    assert not any("gap of" in ln for ln in _check(tmp_path / "raw"))  # none without one
-    before = json.loads((d / "imu.json").read_bytes())
-    truth_gap = imu_gap(d, 0.6, 0.5)
+@pytest.fixture(scope="module")
+def gapped(tmp_path_factory) -> dict:
+    """A short synth session, looked at before and after `imu_gap` cut 0.5 s out of its IMU."""
+    raw = tmp_path_factory.mktemp("gapped") / "raw"
+    d = synth_session(raw, "session_2026-03-01_100000", 90, 1)
+    out = {"d": d, "raw": raw, "warnings_before": load_session(d).warnings, "check_before": _check(raw),
+           "before": json.loads((d / "imu.json").read_bytes())}
+    return {**out, "truth": imu_gap(d, 0.6, 0.5)}
+
+
+def test_imu_gap_deletes_the_samples_in_the_app_s_layout_and_packer_check_names_it(gapped: dict):
+    d, before, truth_gap = gapped["d"], gapped["before"], gapped["truth"]
+    assert not any("samples" in w for w in gapped["warnings_before"])
+    assert not any("gap of" in ln for ln in gapped["check_before"])  # none without one
     after = json.loads((d / "imu.json").read_bytes())
     t0 = before[0]["timestamp"]
     kept = [s for s in before if not 0.6 <= s["timestamp"] - t0 < 1.1]
@@ -212,12 +220,43 @@ def test_imu_gap_deletes_the_samples_in_the_app_s_layout_and_packer_check_names_
         f"imu.json has no samples for {g.words()} after its start: the phone's main thread was busy; packer slam "
         "leaves it out of the IMU terms"]
     place = f"{truth_gap['gap_length']:.2f} s without samples at {truth_gap['gap_at']:.2f} s"
-    lines = _check(tmp_path / "raw")
+    lines = _check(gapped["raw"])
     assert f"imu.json: gap of {place} after its start (the phone's main thread busy) -> left out of " \
            "`packer slam`'s IMU terms" in lines, lines
     assert sum("gap of" in ln for ln in lines) == 1
     with pytest.raises(ValueError):
         imu_gap(d, 100.0, 0.5)
+
+
+def test_a_refusal_of_a_gapped_session_names_the_gap_and_the_gyro_held_repair_is_not_tried(gapped: dict):
+    from types import SimpleNamespace
+
+    from packer.slam.options import SlamOptions
+    from packer.slam.repaired import repaired_scale
+    from packer.slam.scale_methods import ModelRefused, gaps_named
+    from shardship.errors import SessionError
+
+    s = load_session(gapped["d"])
+    assert s.imu is not None
+    said = f"imu.json has no samples for {find_gaps(s.imu.t)[0].words()} after its start"
+    plain = s.error("imu.json", "scale refused: something else")
+    named = gaps_named(plain, s.imu)
+    assert named.path == "imu.json" and named.reason.startswith(said) and named.reason.endswith(plain.reason)
+    assert gaps_named(named, s.imu) is named  # said once
+    whole = Imu(np.array(gapped["before"][0]["timestamp"]) + np.arange(300) * 0.005, np.zeros((300, 3)),
+                np.zeros((300, 3)))
+    assert gaps_named(plain, whole) is plain and gaps_named(plain, None) is plain
+    refusal = ModelRefused.of(s, "rgb/", "poses refused: the reconstruction's rotations disagree with the gyro", None)
+    model = SimpleNamespace(tracks=object(), chunks=None)  # one the repair would map again
+
+    def stages(name: str) -> None:
+        raise AssertionError(f"the repair ran ({name})")
+
+    with pytest.raises(SessionError) as e:
+        repaired_scale(s, SlamOptions(), s.imu, model, refusal, stages)  # type: ignore[arg-type]
+    assert e.value.reason.startswith(refusal.reason)
+    why = f"not mapped again on the gyro's rotations: {said}, so the gyro's turn across it is unknown"
+    assert why in e.value.reason
 
 
 # --- the whole stage ---------------------------------------------------------------------

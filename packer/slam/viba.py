@@ -179,8 +179,8 @@ def _build(gsam, pr: _Problem, imu_t: np.ndarray, acc: np.ndarray, gyr: np.ndarr
             rw = np.sqrt(pr.key_ts[k + 1] - pr.key_ts[k]) * np.repeat([opt.accel_bias_rw, opt.gyro_bias_rw], 3)
             graph.add(gsam.BetweenFactorConstantBias(B(k), B(k + 1), gsam.imuBias.ConstantBias(),
                                                      gsam.noiseModel.Diagonal.Sigmas(rw)))
-    for k in np.flatnonzero((np.r_[True, across] & np.r_[across, True])[1:]) + 1:  # no IMU factor reaches these
-        graph.add(gsam.PriorFactorVector(V(int(k)), pr.v[k], gsam.noiseModel.Isotropic.Sigma(3, 1.0)))
+    for j in (np.flatnonzero((np.r_[True, across] & np.r_[across, True])[1:]) + 1).tolist():  # no IMU factor
+        graph.add(gsam.PriorFactorVector(V(j), pr.v[j], gsam.noiseModel.Isotropic.Sigma(3, 1.0)))  # reaches these
     f, cx, cy, k1 = (list(camera) + [0.0] * 4)[:4]
     K = gsam.Cal3Bundler(f, k1, 0.0, cx, cy)  # COLMAP's SIMPLE_RADIAL: u = cx + f (1 + k1 r^2) x
     noise = gsam.noiseModel.Robust.Create(gsam.noiseModel.mEstimator.Huber.Create(opt.huber_k),

@@ -6,8 +6,8 @@ import importlib
 import sys
 from pathlib import Path
 
-NAMES = ["pack", "pack_memory", "slam", "slam_hard", "slam_realtime", "slam_memory", "upload", "loader", "report",
-         "interrupt"]
+NAMES = ["pack", "pack_memory", "slam", "slam_hard", "slam_realtime", "slam_memory", "phone_drops", "upload", "loader",
+         "report", "interrupt"]
 
 
 def main() -> int:

@@ -75,18 +75,27 @@ def obs_steps(poses: np.ndarray, joints: np.ndarray, n_obs: int) -> np.ndarray:
     return np.concatenate(parts, axis=-1)
 
 
-def obs_stats(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray,
-              dims: np.ndarray, cut: np.ndarray | None = None) -> list[RunningStats] | None:
+def obs_stats(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray, dims: np.ndarray,
+              cut: np.ndarray | None = None, known: np.ndarray | None = None) -> list[RunningStats] | None:
     """Statistics of the relative observation proprio, one RunningStats per
     backward offset d = 0 .. OBS_STATS_STEPS-1 over every posed frame (each run
-    repeating its first frame before its start, as the reader does)."""
+    repeating its first frame before its start, as the reader does; runs end at a
+    gap, `cut`). `known` (N,): frames whose joints are real; a step on another frame
+    adds its pose dimensions only (the reader fills its joints with the mean)."""
     if poses is None or not np.any(posed):
         return None
     out = [RunningStats(POSE_DIMS + joints.shape[1]) for _ in range(OBS_STATS_STEPS)]
+    pose_dims, joint_dims = dims.copy(), dims.copy()
+    pose_dims[POSE_DIMS:], joint_dims[:POSE_DIMS] = False, False
     for a, b in split_runs(posed, cut):
         steps = obs_steps(poses[a:b], joints[a:b], OBS_STATS_STEPS)  # oldest first
         for d in range(OBS_STATS_STEPS):
-            out[d].add(steps[:, OBS_STATS_STEPS - 1 - d], dims)
+            rows = steps[:, OBS_STATS_STEPS - 1 - d]
+            if known is None:
+                out[d].add(rows, dims)
+                continue
+            out[d].add(rows, pose_dims)
+            out[d].add(rows[np.asarray(known[a:b], bool)[np.maximum(np.arange(b - a) - d, 0)]], joint_dims)
     return out
 
 
@@ -104,7 +113,7 @@ def split_runs(flags: np.ndarray, cut: np.ndarray | None = None) -> list[tuple[i
     if cut is None or not np.any(cut):
         return out
     starts = np.nonzero(cut)[0] + 1
-    pieces = []
+    pieces: list[tuple[int, int]] = []
     for a, b in out:
         inner = starts[(starts > a) & (starts < b)].tolist()
         edges = [a, *inner, b]
@@ -113,30 +122,35 @@ def split_runs(flags: np.ndarray, cut: np.ndarray | None = None) -> list[tuple[i
 
 
 def segmented_chunks(poses: np.ndarray | None, posed: np.ndarray, joints: np.ndarray, horizon: int,
-                     cut: np.ndarray | None = None, joints_known: np.ndarray | None = None,
-                     ) -> tuple[np.ndarray | None, np.ndarray]:
+                     cut: np.ndarray | None = None) -> tuple[np.ndarray | None, np.ndarray]:
     """action_chunks over each run of frames that have a pose and follow each other
     (`split_runs`), so a chunk never reaches across a frame without one (a partial
     poses.json from another tool) nor across a gap (the camera dropped frames, a JPEG
     is missing): its steps there are masked like the steps past a session's end.
-    `joints_known` (N,): where a frame's joints are known, a step whose joints are not
-    is masked too (its joints would be placeholders). Frames without a pose get zeros
-    and mask 0; None when no frame has a pose."""
+    Frames without a pose get zeros and mask 0; None when no frame has a pose."""
     n = len(posed)
     mask = np.zeros((n, horizon), np.uint8)
     if poses is None or not np.any(posed):
         return None, mask
     out = np.zeros((n, horizon, POSE_DIMS + joints.shape[1]))
-    k = np.arange(1, horizon + 1)
     for a, b in split_runs(posed, cut):
         act, m = action_chunks(poses[a:b], joints[a:b], horizon)
         assert act is not None
-        if joints_known is not None:
-            jk = np.asarray(joints_known[a:b], bool)
-            step = jk[np.minimum(np.arange(b - a)[:, None] + k[None, :], b - a - 1)]
-            m = m & (step | ~jk[:, None]).astype(np.uint8)
         out[a:b], mask[a:b] = act, m
     return out, mask
+
+
+def step_known(known: np.ndarray, posed: np.ndarray, horizon: int, cut: np.ndarray | None = None) -> np.ndarray:
+    """(N, H) uint8: 1 where step k of frame t's chunk has its joints known (`known`
+    (N,) per frame), over the same runs as `segmented_chunks` (past a run's end the
+    step repeats the run's last frame, as the chunk does)."""
+    n = len(posed)
+    out = np.ones((n, horizon), np.uint8)
+    k = np.arange(1, horizon + 1)
+    for a, b in split_runs(posed, cut):
+        jk = np.asarray(known[a:b], bool)
+        out[a:b] = jk[np.minimum(np.arange(b - a)[:, None] + k[None, :], b - a - 1)]
+    return out
 
 
 class RunningStats:

@@ -2,7 +2,7 @@
 will do with it. Reads only; every line names the file it is about."""
 from __future__ import annotations
 
-from packer.encoders import JOINTS
+from packer.encoders import JOINTS, Encoders, coverage, reading_gaps, usable
 from packer.imu_gaps import find_gaps
 from packer.session import Session, load_encoders
 
@@ -51,6 +51,22 @@ def _glove(s: Session) -> str:
         return "encoders.json: absent (glove not connected) -> joints masked, same 13-D action layout"
     errs = sum(enc.read_errors)
     clock = "ESP32 clock (de-jittered)" if enc.clock == "esp" else "BLE receive times"
-    state = "" if enc.valid else " -> joints masked"
+    use = usable(enc)
+    state = "" if use.all() else " -> joints masked" if not use.any() else (
+        f" -> {', '.join(n for n, u in zip(JOINTS, use) if not u)} masked")
     return (f"encoders.json: {enc.rows} readings of {len(JOINTS)} joints in degrees, {errs} read errors dropped, "
-            f"{clock}{state}" + "".join(f"; {w}" for w in enc.warnings))
+            f"{clock}{state}" + "".join(f"; {w}" for w in enc.warnings) + _coverage(s, enc))
+
+
+def _coverage(s: Session, enc: Encoders) -> str:
+    """'\n        glove: joints on 64% of the frames, silent 2.0-4.0 s -> those frames' joints masked'
+    on the first guess of the clock (`packer pack` places frame 0 more exactly)."""
+    if s.frame0_epoch is None or not usable(enc).any():
+        return ""
+    epoch = s.frame0_epoch + s.timestamps
+    cov = coverage(enc, epoch)
+    gaps = reading_gaps(enc, float(epoch[0]), float(epoch[-1]))
+    silent = ", ".join(f"{a - s.frame0_epoch:.1f}-{a + n - s.frame0_epoch:.1f} s" for a, n in gaps[:6])
+    more = f" and {len(gaps) - 6} more" if len(gaps) > 6 else ""
+    return (f"\n        glove: joints on {cov:.0%} of the frames" + (f", silent {silent}{more} -> those frames' joints "
+            "masked (never held or straight-lined)" if gaps else ""))

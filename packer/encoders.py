@@ -48,11 +48,23 @@ class Encoders:
         return max(float(t[0]) for t in self.t), min(float(t[-1]) for t in self.t)
 
     def at(self, epoch: np.ndarray) -> np.ndarray:
-        """(N, 4) degrees at epoch times, linear between readings, held at the ends
-        (`valid_at` says where that is a reading and where it would be a guess);
-        a joint without two readings is 0."""
-        return np.stack([np.interp(epoch, t, v) if len(t) >= 2 else np.zeros(len(np.atleast_1d(epoch)))
+        """(N, 4) degrees at epoch times, linear between readings and on from the two
+        end readings past the ends (`valid_at` says where that is a reading and where it
+        would be a guess); a joint without two readings is 0."""
+        return np.stack([_line(epoch, t, v) if len(t) >= 2 else np.zeros(len(np.atleast_1d(epoch)))
                          for t, v in zip(self.t, self.values)], axis=1)
+
+
+def _line(epoch: np.ndarray, t: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Linear interpolation, and the end readings' line continued past the ends (a
+    frame a few ms after the last notification is on that line, not at its value)."""
+    out = np.interp(epoch, t, v)
+    lo, hi = epoch < t[0], epoch > t[-1]
+    if lo.any() and t[1] > t[0]:
+        out[lo] = v[0] + (epoch[lo] - t[0]) * (v[1] - v[0]) / (t[1] - t[0])
+    if hi.any() and t[-1] > t[-2]:
+        out[hi] = v[-1] + (epoch[hi] - t[-1]) * (v[-1] - v[-2]) / (t[-1] - t[-2])
+    return out
 
 
 class EncoderFormatError(ValueError):
@@ -154,25 +166,32 @@ def max_gap(enc: Encoders) -> float:
     events and the odd read error stretch that), clipped to [MIN_GAP, MAX_GAP]:
     over 0.15 s a finger moving at hand speed curves enough that a straight line
     between the readings is off by more than a degree or two."""
+    return float(np.clip(6.0 * cadence(enc), MIN_GAP, MAX_GAP))
+
+
+def cadence(enc: Encoders) -> float:
+    """The glove's normal interval between notifications (s): the median interval
+    of the joint read most often (0 without two readings)."""
     ts = [t for t in enc.t if len(t) >= 2]
-    if not ts:
-        return MIN_GAP
-    cadence = float(np.median(np.diff(max(ts, key=len))))
-    return float(np.clip(6.0 * cadence, MIN_GAP, MAX_GAP))
+    return float(np.median(np.diff(max(ts, key=len)))) if ts else 0.0
 
 
 def valid_at(enc: Encoders, epoch: np.ndarray) -> np.ndarray:
     """(N, J) bool: the joint is known at each epoch time: between two of its
     readings no further apart than `max_gap` (before the first reading, after the
-    last, or inside a dropout it is not: never held, never straight-lined)."""
+    last, or inside a dropout it is not: never held, never straight-lined). Within
+    two notification periods of the first or last reading it is (`Encoders.at`
+    continues their line there): the glove starts and stops with the recording, and
+    the frame that closes it comes up to ~40 ms after the last notification received
+    (a 20 ms cadence plus up to 35 ms of BLE latency, cut at the stop)."""
     epoch = np.asarray(epoch, dtype=np.float64)
     out = np.zeros((len(epoch), len(enc.t)), bool)
-    gap = max_gap(enc)
+    gap, edge = max_gap(enc), 2.0 * cadence(enc)
     for j, t in enumerate(enc.t):
         if len(t) < 2:
             continue
         k = np.clip(np.searchsorted(t, epoch, side="right"), 1, len(t) - 1)  # t[k-1] <= e < t[k] inside
-        out[:, j] = (epoch >= t[0]) & (epoch <= t[-1]) & (t[k] - t[k - 1] <= gap)
+        out[:, j] = (epoch >= t[0] - edge) & (epoch <= t[-1] + edge) & (t[k] - t[k - 1] <= gap)
     return out
 
 

@@ -16,7 +16,7 @@ try:
 except ImportError:  # optional: the standard json writes the same values
     orjson = None  # type: ignore[assignment]
 
-from packer.actions import POSE_DIMS, RunningStats, obs_stats, segmented_chunks
+from packer.actions import POSE_DIMS, RunningStats, obs_stats, segmented_chunks, step_known
 from packer.clock import FrameClock, frame_clock
 from packer.encoders import JOINTS, Encoders, reading_gaps, usable, valid_at
 from packer.frametimes import breaks, describe_gaps
@@ -75,23 +75,25 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
     if posed.any():
         assert by_index is not None  # a frame is posed only when by_index holds its pose
         poses = np.stack([by_index[i] if p else np.eye(4) for i, p in zip(idx, posed)])
-    actions, mask = segmented_chunks(poses, posed, jt.values, opts.horizon, cut, jv if jt.usable.any() else None)
+    actions, mask = segmented_chunks(poses, posed, jt.values, opts.horizon, cut)
+    jmask = step_known(jv, posed, opts.horizon, cut)
     if posed.any() and not posed.all():
         session.warnings.append(
             f"poses.json covers frames {idx[int(np.argmax(posed))]}-{idx[len(idx) - 1 - int(np.argmax(posed[::-1]))]}"
             f" of {idx[0]}-{idx[-1]}: {int((~posed).sum())} frame(s) outside get no pose and no action")
-    astats, pstats, ostats = _stats(actions, mask, posed, poses, jt, cut)
+    astats, pstats, ostats = _stats(actions, mask, jmask, posed, poses, jt, cut)
     metric = bool(poses_are_metric(session) and poses is not None)
     metas = SampleMetas(session.name, idx, t, opts.size, k, metric, flags, posed, poses, jt.values, jv,
-                        actions, mask, None if jt.usable.all() or not jt.usable.any() else jt.usable)
+                        actions, mask, None if jt.usable.all() or not jt.usable.any() else jt.usable, jmask)
     return SessionPlan(session, signature, keep, metas, astats, pstats, ostats, jt, clock.to_json(),
                        int((~posed).sum()) if poses is not None else len(idx), [idx[i + 1] for i in np.nonzero(cut)[0]])
 
 
-def _stats(actions: np.ndarray | None, mask: np.ndarray, posed: np.ndarray, poses: np.ndarray | None, jt: Joints,
-           cut: np.ndarray) -> tuple[RunningStats | None, RunningStats | None, list[RunningStats] | None]:
+def _stats(actions: np.ndarray | None, mask: np.ndarray, jmask: np.ndarray, posed: np.ndarray,
+           poses: np.ndarray | None, jt: Joints, cut: np.ndarray,
+           ) -> tuple[RunningStats | None, RunningStats | None, list[RunningStats] | None]:
     """Action, proprio and observation statistics: pose dimensions from every real
-    step, a joint's only from frames where the joints are known (masked joints are
+    step, a joint's only from steps where the joints are known (masked joints are
     zeros, not data)."""
     pose_dims = np.zeros(POSE_DIMS + len(JOINTS), bool)
     pose_dims[:POSE_DIMS] = True
@@ -103,8 +105,8 @@ def _stats(actions: np.ndarray | None, mask: np.ndarray, posed: np.ndarray, pose
         astats = RunningStats(actions.shape[-1])
         astats.add(actions[posed][mask[posed].astype(bool)], pose_dims)
         sel = posed & jv
-        astats.add(actions[sel][mask[sel].astype(bool)], joint_dims)
-    ostats = obs_stats(poses, posed, jt.values, pose_dims | joint_dims, cut)
+        astats.add(actions[sel][(mask[sel] & jmask[sel]).astype(bool)], joint_dims)
+    ostats = obs_stats(poses, posed, jt.values, pose_dims | joint_dims, cut, jv)
     if jt.any_valid:
         pstats = RunningStats(len(JOINTS))
         pstats.add(jt.values[jv], jt.usable)
@@ -148,7 +150,9 @@ class Joints:
     @property
     def frame_valid(self) -> np.ndarray:
         """(N,) every usable joint known at the frame (the sample's `joints_valid`)."""
-        return self.known[:, self.usable].all(1) if self.usable.any() else np.zeros(len(self.known), bool)
+        if not self.usable.any():
+            return np.zeros(len(self.known), bool)
+        return np.asarray(self.known[:, self.usable].all(1), bool)
 
     @property
     def any_valid(self) -> bool:
@@ -198,6 +202,7 @@ def _refuse_misplaced(session: Session, enc: Encoders, epoch: np.ndarray, clock:
     t = np.unique(np.concatenate([x for x in enc.t if len(x)]))
     inside = float(np.mean((t >= epoch[0] - 1.0) & (t <= epoch[-1] + 1.0)))
     if inside < MIN_READINGS_INSIDE:
+        assert clock.frame0_epoch is not None  # epoch came from it
         lo, hi = float(t[0]), float(t[-1])
         raise session.error(
             "encoders.json",
@@ -217,11 +222,14 @@ class SampleMetas(Sequence):
     def __init__(self, session: str, idx: list[int], t: np.ndarray, size: int, k: Any, metric: bool,
                  flags: dict[int, str], posed: np.ndarray, poses: np.ndarray | None, joints: np.ndarray,
                  joints_valid: np.ndarray, actions: np.ndarray | None, mask: np.ndarray,
-                 joint_mask: np.ndarray | None = None):
+                 joint_mask: np.ndarray | None = None, joints_mask: np.ndarray | None = None):
         self.session, self.idx, self.t, self.size, self.k, self.metric = session, idx, t, size, k, metric
         self.flags, self.posed, self.poses, self.joints, self.joints_valid = flags, posed, poses, joints, joints_valid
         self.actions, self.mask = actions, mask
         self.joint_mask = None if joint_mask is None else [int(x) for x in joint_mask]  # (J,) when a joint is dead
+        # (N, H): a real step whose joints are not known (the glove silent then); only frames with
+        # known joints of their own need it (the others have every joint masked)
+        self.joints_mask = joints_mask
         self._block: tuple[int, list[dict[str, Any]]] = (-1, [])
 
     def __len__(self) -> int:
@@ -248,6 +256,7 @@ class SampleMetas(Sequence):
         pose_l = _r(self.poses[sl] if self.poses is not None else None)
         action_l = _r(self.actions[sl] if self.actions is not None else None)
         joint_l, mask_l = _r(self.joints[sl]), self.mask[sl].tolist()
+        jm = self.joints_mask[sl] if self.joints_mask is not None else None
         assert joint_l is not None  # joints is an array, zeros when masked
         posed_l, t_l, jv_l = self.posed[sl].tolist(), self.t[sl].tolist(), self.joints_valid[sl].tolist()
         flags, has_poses = self.flags, self.poses is not None
@@ -268,6 +277,8 @@ class SampleMetas(Sequence):
             })
             if self.joint_mask is not None:  # only then: every other sample's bytes stay as they were
                 out[-1]["joint_mask"] = self.joint_mask
+            if jm is not None and jv_l[j] and action_l is not None and p and not jm[j].all():  # likewise
+                out[-1]["joints_mask"] = jm[j].tolist()
         return out
 
 

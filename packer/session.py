@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from packer.clockstep import ClockStepError
-from packer.clockstep import repair as repair_clock_steps
 from packer.encoders import EncoderFormatError, Encoders
 from packer.encoders import from_rows as encoders_from_rows
+from packer.imageops import frame_size_problem
+from packer.imu import Imu, monotonic, read_imu
 from packer.jsonfile import read_json
 from packer.timebase import DEFAULT_FPS, estimate_fps, iso_epoch
+from packer.videoclock import from_video, numbers_short
 from shardship.errors import SessionError, ShardshipError
 
 RAW_WIDTH, RAW_HEIGHT = 480, 360
@@ -109,15 +110,16 @@ SESSION_MARKERS = ("metadata.json", "rgb", "imu.json", "encoders.json", "calib.t
 
 
 def discover(raw: str | os.PathLike) -> list[Path]:
-    """Session directories under `raw`: every non-hidden subdirectory, sorted.
-    A directory without rgb/ is still returned so `check` can say what is wrong."""
+    """Session directories under `raw`: every non-hidden subdirectory but a Mac's
+    `__MACOSX` (an unzip leaves it), sorted. A directory without rgb/ is still
+    returned so `check` can say what is wrong."""
     root = Path(raw)
     if not root.is_dir():
         raise ShardshipError(f"raw directory {root} not found: pass --raw DIR or run `packer synth --out {root}`")
     if any((root / m).exists() for m in SESSION_MARKERS):  # its rgb/ would be taken for a session
         raise ShardshipError(f"{root} is a session folder, not the raw directory: give its parent "
                              f"(--raw {root.parent})")
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "__MACOSX")
 
 
 def no_sessions(root: str | os.PathLike) -> ShardshipError:
@@ -130,21 +132,17 @@ def list_frames(path: Path, name: str) -> tuple[np.ndarray, list[Path]]:
     rgb = path / "rgb"
     if not rgb.is_dir():
         raise SessionError(name, "rgb/", "missing: a session needs rgb/000000.jpg ...")
-    root = path.resolve()
     items: list[tuple[int, Path]] = []
     with os.scandir(rgb) as entries:  # is_symlink from the directory entry: no stat per frame
         listed = [(Path(e.path), e.is_symlink()) for e in entries]
     for p, link in listed:
-        if p.suffix.lower() not in (".jpg", ".jpeg"):
+        if p.suffix.lower() not in (".jpg", ".jpeg") or p.name.startswith("."):  # ._000139.jpg: a Mac's AppleDouble
             continue
         if not p.stem.isdigit():
             raise SessionError(name, f"rgb/{p.name}", "frame file name is not a number")
-        if link:
-            target = p.resolve()
-            if not _is_within(target, root):
-                raise SessionError(
-                    name, f"rgb/{p.name}", f"symlink points outside the session ({target}); copy the file in instead"
-                )
+        if link and not _is_within(target := p.resolve(), path.resolve()):
+            raise SessionError(name, f"rgb/{p.name}",
+                               f"symlink points outside the session ({target}); copy the file in instead")
         items.append((int(p.stem), p))
     if not items:
         raise SessionError(name, "rgb/", "empty: no .jpg frames")
@@ -174,17 +172,6 @@ def check_jpeg(session: Session, p: Path) -> tuple[int, int]:
     return size, st.st_mtime_ns
 
 
-def _monotonic(name: str, file: str, t: np.ndarray, what: str) -> None:
-    if not np.all(np.isfinite(t)):
-        raise SessionError(name, file, f"{what} contain NaN/inf")
-    d = np.diff(t)
-    if np.any(d <= 0):
-        i = int(np.argmax(d <= 0))
-        raise SessionError(
-            name, file, f"{what} not strictly increasing at entry {i + 1} ({t[i]:.6f} -> {t[i + 1]:.6f})"
-        )
-
-
 def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Session:
     """Read and validate one session; raises SessionError with file and reason."""
     path = Path(path)
@@ -199,6 +186,8 @@ def load_session(path: str | os.PathLike, *, check_images: bool = False) -> Sess
             raise SessionError(name, "metadata.json", "expected a JSON object")
     else:
         warnings.append("metadata.json missing: capture mode and start time unknown")
+    if bad := frame_size_problem(frame_paths[0], metadata.get("rgbResolution"), (RAW_WIDTH, RAW_HEIGHT)):
+        raise SessionError(name, *bad)  # not the landscape frames packing and SLAM assume: refused now, in a line
 
     raw_poses = _read_pose_entries(path, name)
     pose_entries = raw_poses[1]
@@ -312,12 +301,10 @@ def _frame_clock(s: Session) -> None:
     s.fps, s.fps_source, warn = estimate_fps(count, spans, pose_dt)
     s.warnings.extend(warn)
     if pose_t is not None:
-        _monotonic(s.name, "poses.json", pose_t, "frame timestamps")
+        monotonic(s.name, "poses.json", pose_t, "frame timestamps")
         s.timestamps, s.timestamp_source = pose_t - pose_t[0], "poses.json"
     else:
-        # index / fps, not (index - first) / fps: frame 0 is the capture's first frame even
-        # when its file is missing (a failed encode), and that is what the clocks refer to
-        s.timestamps, s.timestamp_source = frames.astype(np.float64) / s.fps, "index/fps"
+        _numbers_or_video(s, count)
     # frame 0 on the epoch clock: the IMU and the glove start with the capture, the
     # first frame follows within a frame period; startTime is rounded to the second
     if s.imu is not None:
@@ -326,6 +313,29 @@ def _frame_clock(s: Session) -> None:
         s.frame0_epoch, s.frame0_source = enc_span[0], "encoders.json start"
     elif start is not None:
         s.frame0_epoch, s.frame0_source = start, "metadata startTime (1 s resolution)"
+
+
+def _numbers_or_video(s: Session, count: int) -> None:
+    """The app's frames: placed by video.mov where it is readable (`packer.videoclock`),
+    else index / fps, refused where the IMU's span shows the camera dropped frames.
+    index / fps, not (index - first) / fps: frame 0 is the capture's first frame even
+    when its file is missing (a failed encode), and that is what the clocks refer to."""
+    vc = from_video(s.path / "video.mov", s.frames, count, s.warnings)
+    if vc is None:
+        s.timestamps, s.timestamp_source = s.frames.astype(np.float64) / s.fps, "index/fps"
+        if s.imu is not None and s.capture == CAPTURE_ULTRAWIDE:
+            short = numbers_short(count, s.fps, float(s.imu.t[-1] - s.imu.t[0]))
+            if short:
+                raise s.error("rgb/", short)
+        return
+    s.fps, s.fps_source, s.timestamp_source = vc.fps, vc.fps_source, "video.mov"
+    s.warnings.extend(vc.notes)
+    keep = vc.placed
+    if not keep.all():
+        s.frames, s.frame_paths = s.frames[keep], [p for p, k in zip(s.frame_paths, keep) if k]
+        if len(s.frames) < MIN_FRAMES:
+            raise s.error("video.mov", "too few frames can be placed in time; re-copy video.mov from the phone")
+    s.timestamps = vc.times[keep]
 
 
 def _encoder_span(s: Session) -> tuple[float, float] | None:
@@ -397,48 +407,10 @@ def poses_are_metric(session: Session) -> bool:
     return False
 
 
-@dataclass
-class Imu:
-    t: np.ndarray  # (N,) seconds, the phone's epoch clock
-    accel: np.ndarray  # (N,3) g, gravity removed, device frame
-    gyro: np.ndarray  # (N,3) rad/s
-
-
 def load_imu(session: Session) -> Imu:
     if session.imu is not None:
         return session.imu
     return read_imu(session.path, session.name, session.encoder_rows, session.warnings)
-
-
-def read_imu(folder: Path, name: str, encoder_rows: Any = None, warnings: list[str] | None = None) -> Imu:
-    """`folder`/imu.json of session `name`, parsed and checked, without loading the
-    rest of the session (`packer report` needs only the gyro). A wall-clock step is
-    repaired where the data determine it (`packer.clockstep`, with encoders.json's
-    rows when given) and said in `warnings`."""
-    p, file = folder / "imu.json", "imu.json"
-    data = read_json(name, p)
-    if not isinstance(data, list) or len(data) < 2:
-        raise SessionError(name, file, "expected a list of at least 2 samples")
-    try:
-        t = np.array([d["timestamp"] for d in data], dtype=np.float64)
-        acc = np.array([d["accel"] for d in data], dtype=np.float64)
-        gyr = np.array([d["gyro"] for d in data], dtype=np.float64)
-    except (KeyError, TypeError, ValueError) as e:
-        raise SessionError(name, file, f"each sample needs timestamp, accel[3], gyro[3] ({e})") from None
-    if acc.shape != (len(t), 3) or gyr.shape != (len(t), 3):
-        raise SessionError(name, file, "accel and gyro must be 3-vectors")
-    bad = ~(np.isfinite(acc).all(1) & np.isfinite(gyr).all(1) & np.isfinite(t))
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise SessionError(name, file, f"NaN/inf in {int(bad.sum())} sample(s), first at entry {i} (t={t[i]})")
-    try:
-        t, steps = repair_clock_steps(t, encoder_rows)
-    except ClockStepError as e:
-        raise SessionError(name, file, str(e)) from None
-    if warnings is not None:
-        warnings.extend(steps)
-    _monotonic(name, file, t, "IMU timestamps")
-    return Imu(t, acc, gyr)
 
 
 def load_encoders(session: Session) -> Encoders | None:

@@ -78,3 +78,4 @@ def numbers_short(count: int, fps: float, imu_span: float) -> str | None:
     return (f"{count} frames in the {imu_span:.2f} s the IMU ran at {fps:g} fps: about {short:.0f} frames "
             f"({short / expected:.0%}) were dropped by the camera and there is no video.mov to place the others in "
             "time; copy video.mov from the phone's export into the session")
+

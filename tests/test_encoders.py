@@ -112,9 +112,9 @@ def test_encoder_clock_that_misses_the_video_fails_that_session_only(raw_copy: P
     _rewrite_encoders(victim, lambda rs: [{**r, "timestamp": r["timestamp"] + 3600.0} for r in rs])
     r = pack(raw_copy, tmp_path / "p", PackOptions(workers=1), progress=False)
     assert set(r.failed) == {victim.name} and len(r.packed) == 2
-    assert r.failed[victim.name].startswith("encoders.json: the readings (+3599.9")
+    assert r.failed[victim.name].startswith("encoders.json: 100% of the readings (+3599.9")
     assert "from frame 0, placed by imu.json start" in r.failed[victim.name]
-    assert "cover 0% of the video" in r.failed[victim.name]
+    assert "fall outside the video: the clocks disagree" in r.failed[victim.name]
 
 
 def test_partial_encoder_coverage_is_a_warning(raw_copy: Path, tmp_path: Path):
@@ -122,7 +122,9 @@ def test_partial_encoder_coverage_is_a_warning(raw_copy: Path, tmp_path: Path):
     _rewrite_encoders(victim, lambda rs: rs[: int(len(rs) * 0.7)])
     r = pack(raw_copy, tmp_path / "p", PackOptions(workers=1), progress=False)
     assert not r.failed
-    assert any("encoders.json covers" in w for w in r.warnings[victim.name])
+    assert any(w.startswith("glove silent 1 time(s)") for w in r.warnings[victim.name])
+    labels = json.loads((tmp_path / "p" / "index.json").read_text())["sessions"][victim.name]["labels"]
+    assert 0.6 < labels["joints_coverage"] < 0.75 and len(labels["glove_gaps"]) == 1
 
 
 def test_malformed_encoders_name_the_file_and_field(raw_copy: Path, tmp_path: Path):

@@ -199,15 +199,15 @@ class DiffusionPolicy(nn.Module):
     def loss_terms(self, batch: Mapping[str, torch.Tensor],
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of weighted squared errors, sum of weights): the mean is their ratio.
-        Weights = sample weight (0 for padding) x action_mask (0 past session end);
-        a sample whose joints are masked (no glove) is scored on its pose dimensions."""
+        Weights = sample weight (0 for padding) x action_mask (0 past session end or
+        across a gap); a sample's masked joints (`_joint_weights`) are not scored."""
         x0 = (batch["action"].float() - self.action_mean) / self.action_std
         b = x0.shape[0]
-        jv = batch.get("joints_valid")
-        if jv is not None and x0.shape[-1] > POSE_DIMS:
-            # masked joints (no glove) enter the noisy input as the mean, so their
-            # placeholder values cannot leak into the pose predictions either
-            x0 = torch.cat([x0[..., :POSE_DIMS], x0[..., POSE_DIMS:] * jv.float().view(b, 1, 1)], dim=-1)
+        jw = _joint_weights(batch, b, x0.shape[-1] - POSE_DIMS)
+        if jw is not None:
+            # masked joints (no glove, the glove silent, a dead joint) enter the noisy input as
+            # the mean, so their placeholder values cannot leak into the pose predictions either
+            x0 = torch.cat([x0[..., :POSE_DIMS], x0[..., POSE_DIMS:] * jw], dim=-1)
         t = torch.randint(0, self.cfg["diffusion_steps"], (b,), device=x0.device, generator=generator)
         noise = torch.randn(x0.shape, device=x0.device, generator=generator, dtype=x0.dtype)
         xt = self.scheduler.add_noise(x0, noise, t)
@@ -215,10 +215,10 @@ class DiffusionPolicy(nn.Module):
         pred = self.denoise(xt, t, obs)
         target = noise if self.cfg["prediction"] == "epsilon" else x0
         sq = (pred.float() - target).pow(2)  # (B, T, D)
-        if jv is not None and sq.shape[-1] > POSE_DIMS:
-            # a session without the glove: its joint dimensions are zeros, not data
+        if jw is not None:
+            # masked joints are placeholders, not data: scored on the pose dimensions alone
             dw = torch.ones(b, 1, sq.shape[-1], device=sq.device)
-            dw[:, :, POSE_DIMS:] = jv.float().view(b, 1, 1)
+            dw[:, :, POSE_DIMS:] = jw
             err = (sq * dw).sum(dim=-1) / dw.sum(dim=-1)
         else:
             err = sq.mean(dim=-1)  # (B, T)
@@ -247,6 +247,24 @@ class DiffusionPolicy(nn.Module):
             out = self.denoise(x, t.expand(b), obs).float()
             x = sched.step(out, t, x, generator=generator).prev_sample
         return x * self.action_std + self.action_mean
+
+
+def _joint_weights(batch: Mapping[str, torch.Tensor], b: int, n_joints: int) -> torch.Tensor | None:
+    """(B, 1 or T, J) weight of each sample's joint dimensions: frame t's joints
+    known (`joints_valid`, B) times the joints its session read at all
+    (`joint_mask`, B x J) times the steps whose joints are known (`joints_mask`,
+    B x T); None without joints or masks (every joint counts)."""
+    jv, jm, steps = batch.get("joints_valid"), batch.get("joint_mask"), batch.get("joints_mask")
+    if n_joints <= 0 or (jv is None and jm is None and steps is None):
+        return None
+    w = torch.ones(b, 1, n_joints, device=batch["action"].device)
+    if jv is not None:
+        w = w * jv.float().view(b, 1, 1)
+    if jm is not None and jm.shape[-1] == n_joints:
+        w = w * jm.float().view(b, 1, n_joints)
+    if steps is not None:
+        w = w * steps.float().view(b, -1, 1)
+    return w
 
 
 def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:

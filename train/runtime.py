@@ -21,7 +21,7 @@ from shardship.errors import ShardshipError
 from train import ddp
 from train.data.dataset import unwrap_worker_error
 
-BATCH_KEYS = ("image", "proprio", "action", "action_mask", "weight", "joints_valid")
+BATCH_KEYS = ("image", "proprio", "action", "action_mask", "weight", "joints_valid", "joint_mask", "joints_mask")
 
 
 # ------------------------------------------------------------------ random streams

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from packer.encoders import JOINTS, READ_ERROR, esp_clock, parse_rows
+from packer.imu import read_imu
+from packer.jsonfile import read_json
 from packer.report.series import Series
-from packer.session import read_imu, read_json
 from packer.slam.imu_align import GyroIntegral
 from packer.slam.rotations import so3_log
 from shardship.errors import SessionError

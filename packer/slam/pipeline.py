@@ -19,6 +19,7 @@ import numpy as np
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
 from packer.slam import gyro_repair, repaired, rolling, store
 from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
+from packer.slam.clock_drift import dropped_reason, offsets_by_third
 from packer.slam.colmap import SfmError, SfmModel
 from packer.slam.imu_between import ImuCalibration, imu_between
 from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
@@ -183,6 +184,11 @@ def _solved(session: Session, opts: SlamOptions, stages: Callable[[str], None], 
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }
+    if partial is None and imu is not None and session.timestamp_source == "index/fps":  # no video.mov
+        thirds = offsets_by_third(key_ts, key_T[:, :3, :3], imu.t, imu.gyro)
+        info["clock_drift_ms"] = None if thirds is None else 1000.0 * (thirds[1] - thirds[0])
+        if reason := dropped_reason(thirds, session.fps):
+            raise session.error("rgb/", reason)
     if opts.scale != "none" and baseline < opts.min_baseline and partial is None:
         raise session.error("rgb/", baseline_reason(baseline, opts.min_baseline))
     spans = None

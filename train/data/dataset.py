@@ -103,7 +103,10 @@ class ShardDataset(IterableDataset):
     and in both:
       action  (B, T, D) float32       action chunk (FORMAT.md)
       action_mask (B, T) float32      1 = real step, 0 = padded past session end
-      joints_valid (B,) float32       0 = recorded without the glove (joints are placeholders)
+      joints_valid (B,) float32       0 = frame t's joints unknown (no glove, or it was silent then:
+                                      its joints are placeholders)
+      joint_mask (B, J) float32       0 = a joint its session never read (it only read -1)
+      joints_mask (B, T) float32      0 = that step's joints not known (the glove was silent then)
       weight  (B,) float32            1 = counts, 0 = tail padding (tail="pad")
       index   (B,) int64              sample indices into the ShardIndex
       position (B,) int64             positions in the epoch stream (-1 = pad)
@@ -218,15 +221,17 @@ class ShardDataset(IterableDataset):
         w, h = ix.image_size
         t_img, t_prop, t_act, t_mask, t_jv, *tail = _alloc_batch(ix, (b, h, w, 3), (b, ix.proprio_dim))
         images, proprio, action, mask = t_img.numpy(), t_prop.numpy(), t_act.numpy(), t_mask.numpy()
-        jvalid = t_jv.numpy()
+        jvalid, jmask = t_jv.numpy(), tail[4].numpy()
         proprio[...] = 0
         mask[...] = 1
+        jmask[...] = 1
         for i, si in enumerate(samples.tolist()):
             jpg, js = self._read(si)
             self.decode_image(si, jpg, images[i])
-            jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i])
+            jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i], jmask[i])
         self.check_finite(samples, action=action, proprio=proprio)
-        return _batch(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions)
+        return {**_batch(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
+                "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
 
     def _load_obs_batch(self, samples: np.ndarray, valid: np.ndarray,
                         positions: np.ndarray) -> dict[str, torch.Tensor]:
@@ -239,17 +244,20 @@ class ShardDataset(IterableDataset):
         w, h = ix.image_size
         t_img, t_prop, t_act, t_mask, t_jv, *tail = _alloc_batch(ix, (b, n, h, w, 3),
                                                                   (b, n, POSE_DIMS + ix.proprio_dim))
-        images, proprio, action, mask, jvalid = (t.numpy() for t in (t_img, t_prop, t_act, t_mask, t_jv))
+        images, proprio, action, mask, jvalid, jmask = (t.numpy() for t in (t_img, t_prop, t_act, t_mask, t_jv,
+                                                                             tail[4]))
         mask[...] = 1
+        jmask[...] = 1
         for i in range(b):
-            jvalid[i] = obs.load_window(self, idx[i], images[i], proprio[i], action[i], mask[i], self._joint_fill)
+            jvalid[i] = obs.load_window(self, idx[i], images[i], proprio[i], action[i], (mask[i], jmask[i]),
+                                        self._joint_fill)
         self.check_finite(samples, action=action, proprio=proprio)
         if self.normalizer is not None:
             action[...] = self.normalizer.normalize_action(action)
             proprio[...] = self.normalizer.normalize_proprio(proprio)
         tail[3].numpy()[...] = obs_mask
         return {**_batch(t_img.permute(0, 1, 4, 2, 3), t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
-                "obs_mask": tail[3]}
+                "obs_mask": tail[3], "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
 
     # -------------------------------------------------------------- file I/O
     def _fd(self, s: int) -> int:
@@ -334,7 +342,7 @@ class ShardDataset(IterableDataset):
             raise self.bad(i, f"JPEG does not decode ({e})") from None
 
     def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray,
-                     mask: np.ndarray) -> float:
+                     mask: np.ndarray, jmask: np.ndarray) -> float:
         """Fill one sample's arrays; returns 1.0 when its joints are real, 0.0 when
         masked (no glove): its proprio is then the dataset mean (0 once normalised)."""
         try:
@@ -344,6 +352,8 @@ class ShardDataset(IterableDataset):
         action[...] = d["action"]
         if d["action_mask"] is not None:
             mask[...] = d["action_mask"]
+        if d["joints_mask"] is not None:
+            jmask[...] = d["joints_mask"]
         if not d["joints_valid"]:
             proprio[...] = self._proprio_fill
             return 0.0
@@ -376,13 +386,15 @@ class ShardDataset(IterableDataset):
 
 
 def _alloc_batch(ix: ShardIndex, image: tuple[int, ...], proprio: tuple[int, ...]) -> list[torch.Tensor]:
-    """image, proprio, action, action_mask, joints_valid, weight, index, position and
-    obs_mask (B, N; N = 0 for the single-frame layout) of one batch of B samples."""
+    """image, proprio, action, action_mask, joints_valid, weight, index, position,
+    obs_mask (B, N; N = 0 for the single-frame layout) and joints_mask (B, T) of one
+    batch of B samples."""
     b = image[0]
     n = image[1] if len(image) == 5 else 0
     f32 = torch.float32
     return _alloc([(image, torch.uint8), (proprio, f32), ((b, ix.horizon, ix.action_dim), f32), ((b, ix.horizon), f32),
-                   ((b,), f32), ((b,), f32), ((b,), torch.int64), ((b,), torch.int64), ((b, n), f32)])
+                   ((b,), f32), ((b,), f32), ((b,), torch.int64), ((b,), torch.int64), ((b, n), f32),
+                   ((b, ix.horizon), f32)])
 
 
 def _batch(image: torch.Tensor, proprio: torch.Tensor, action: torch.Tensor, mask: torch.Tensor,
@@ -394,7 +406,7 @@ def _batch(image: torch.Tensor, proprio: torch.Tensor, action: torch.Tensor, mas
     index.numpy()[...] = samples
     position.numpy()[...] = positions
     return {"image": image, "proprio": proprio, "action": action, "action_mask": mask, "joints_valid": jvalid,
-            "weight": weight, "index": index, "position": position}
+            "weight": weight, "index": index, "position": position, "joints_mask": tail[4]}
 
 
 def _alloc(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:

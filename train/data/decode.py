@@ -214,8 +214,9 @@ def _numbers(js: bytes, key: bytes, nested: bool) -> np.ndarray | None:
 
 
 def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int, with_pose: bool = False) -> dict[str, Any]:
-    """{"action": (T, D), "action_mask": (T,) | None, "proprio": (J,) | None} as
-    float32, and "joints_valid" (False for a session recorded without the glove); `with_pose` adds
+    """{"action": (T, D), "action_mask": (T,) | None, "proprio": (J,) | None,
+    "joints_mask": (T,) | None} as float32, and "joints_valid" (False where frame t's
+    joints are not known: no glove, or it was silent then); `with_pose` adds
     "pose" (4, 4) float64 (what the relative proprio needs). Raises ValueError when the JSON does not
     fit the index's shapes."""
     a = _numbers(js, b'"action":', nested=True)
@@ -227,7 +228,7 @@ def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int, with_po
             and p is not None and p.size == joints and (not with_pose or (pose is not None and pose.size == 16))):
         fast: dict[str, Any] = {"action": a.astype(np.float32).reshape(horizon, action_dim),
                                 "action_mask": m.astype(np.float32), "proprio": p.astype(np.float32),
-                                "joints_valid": jv}
+                                "joints_valid": jv, "joints_mask": _joints_mask(js, horizon)}
         if pose is not None:
             fast["pose"] = pose.reshape(4, 4)
         return fast
@@ -240,11 +241,24 @@ def sample_arrays(js: bytes, horizon: int, action_dim: int, joints: int, with_po
     prop = d.get("proprio")
     out["proprio"] = None if not joints or prop is None else np.asarray(prop, dtype=np.float32).reshape(joints)
     out["joints_valid"] = d.get("joints_valid", True) is not False
+    jm = d.get("joints_mask")
+    out["joints_mask"] = None if jm is None else np.asarray(jm, dtype=np.float32).reshape(horizon)
     if with_pose:
         if d.get("pose") is None:
             raise ValueError("pose is null but index.json says has_action")
         out["pose"] = np.asarray(d["pose"], dtype=np.float64).reshape(4, 4)
     return out
+
+
+def _joints_mask(js: bytes, horizon: int) -> np.ndarray | None:
+    """The chunk steps whose joints are known ("joints_mask", written only where the
+    glove went silent within the chunk), else None (every step's joints known)."""
+    if b'"joints_mask":' not in js:
+        return None
+    jm = _numbers(js, b'"joints_mask":', nested=False)
+    if jm is None or jm.size != horizon:
+        raise ValueError(f"joints_mask has {0 if jm is None else jm.size} steps, not {horizon}")
+    return jm.astype(np.float32)
 
 
 def obs_arrays(js: bytes, joints: int) -> tuple[np.ndarray, np.ndarray | None, bool]:

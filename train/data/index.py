@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.actions import runs
+from packer.actions import split_runs
 from shardship.errors import ShardshipError
 from shardship.format import index as fmt
 
@@ -57,6 +57,18 @@ class ShardIndex:
     # session -> what the phone recorded (index.json "content_key", packer.duplicates):
     # two names with one key are one recording, which split_sessions never splits
     session_content: dict[str, str] = field(default_factory=dict)
+    # session -> its joints that read at all (index.json labels.joints_usable): a joint
+    # that only ever read -1 is masked alone, in every sample of that session
+    joints_usable: dict[str, list[bool]] = field(default_factory=dict)
+
+    def joint_mask(self, samples: np.ndarray) -> np.ndarray:
+        """(B, J) float32: 1 where the sample's session recorded that joint."""
+        table = np.ones((len(self.session_names), len(self.joints)), np.float32)
+        for i, name in enumerate(self.session_names):
+            use = self.joints_usable.get(name)
+            if use is not None and len(use) == len(self.joints):
+                table[i] = use
+        return table[self.session[samples]]
 
     @property
     def n_samples(self) -> int:
@@ -155,7 +167,8 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("shard", "jpg_offset", "jpg_size", "json_offset",
                                                          "json_size", "session", "keys", "run_before",
                                                          "run_after")}
-    runs = _session_runs(ix.shards)
+    runs = _session_runs(ix.shards, {n: set((e.get("labels") or {}).get("breaks") or ())
+                                     for n, e in sessions.items() if isinstance(e, dict)})
     for sh in ix.shards:
         if sh.session not in session_id:
             session_id[sh.session] = len(session_names)
@@ -215,23 +228,34 @@ def _build(ix: fmt.Index, root: Path) -> ShardIndex:
         pose_metric=metric,
         session_content={n: str(e["content_key"]) for n, e in sessions.items()
                          if isinstance(e, dict) and e.get("content_key")},
+        joints_usable={n: [bool(u) for u in e["labels"]["joints_usable"]] for n, e in sessions.items()
+                       if isinstance(e, dict) and isinstance(e.get("labels"), dict)
+                       and isinstance(e["labels"].get("joints_usable"), list)},
     )
 
 
-def _session_runs(shards: Sequence[fmt.Shard]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _session_runs(shards: Sequence[fmt.Shard], breaks: dict[str, set[int]] | None = None,
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per shard, for each of its rows: how many rows of the same run of posed
     frames (`has_action` rows in a row, across the session's shards in index
-    order, which is frame order) come before it and after it. Rows without an
-    action get 0, 0."""
+    order, which is frame order) come before it and after it. A run also ends
+    before a frame in the session's `breaks` (index.json labels: the first frame
+    after a gap in time or numbering), so no observation window spans a gap. Rows
+    without an action get 0, 0."""
     by_session: dict[str, list[fmt.Shard]] = {}
     for sh in shards:
         by_session.setdefault(sh.session, []).append(sh)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for group in by_session.values():
+    for session, group in by_session.items():
         has = np.concatenate([sh.samples.has_action for sh in group]) if group else np.zeros(0, bool)
+        cut = None
+        starts = (breaks or {}).get(session)
+        if starts:
+            frames = np.array([_frame_of(k) for sh in group for k in sh.samples.keys], dtype=np.int64)
+            cut = np.isin(frames[1:], list(starts))
         before = np.zeros(len(has), np.int32)
         after = np.zeros(len(has), np.int32)
-        for a, b in runs(has):
+        for a, b in split_runs(has, cut):
             before[a:b] = np.arange(b - a)
             after[a:b] = np.arange(b - a)[::-1]
         at = 0
@@ -242,3 +266,7 @@ def _session_runs(shards: Sequence[fmt.Shard]) -> dict[str, tuple[np.ndarray, np
     return out
 
 
+def _frame_of(key: str) -> int:
+    """The frame number of a sample key ("<session>/<frame>"); -1 when it has none."""
+    tail = key.rsplit("/", 1)[-1]
+    return int(tail) if tail.isdigit() else -1

@@ -70,9 +70,10 @@ def relative_proprio(pose_t: np.ndarray, poses: np.ndarray, same: np.ndarray, jo
 
 
 def load_window(ds: ShardDataset, idx: np.ndarray, images: np.ndarray, proprio: np.ndarray, action: np.ndarray,
-                mask: np.ndarray, joint_fill: np.ndarray) -> float:
+                masks: tuple[np.ndarray, np.ndarray], joint_fill: np.ndarray) -> float:
     """Fill one sample's arrays from its observation steps `idx` (the last is the
-    anchor t): images (N, H, W, 3), proprio (N, 9+J), action (T, D), mask (T,).
+    anchor t): images (N, H, W, 3), proprio (N, 9+J), action (T, D), masks: the
+    action mask and the steps' joints mask (T,) each.
     Returns 1.0 when frame t has real joints, 0.0 when masked (no glove): the
     joint part of proprio is then `joint_fill` (normalises to 0)."""
     ix = ds.index
@@ -97,7 +98,9 @@ def load_window(ds: ShardDataset, idx: np.ndarray, images: np.ndarray, proprio: 
                 pose, jnt, jv = d["pose"], d["proprio"], d["joints_valid"]
                 action[...] = d["action"]
                 if d["action_mask"] is not None:
-                    mask[...] = d["action_mask"]
+                    masks[0][...] = d["action_mask"]
+                if d["joints_mask"] is not None:
+                    masks[1][...] = d["joints_mask"]
             else:
                 pose, jnt, jv = obs_arrays(bytes(members[j][1]), n_joints)
         except (ValueError, TypeError, UnicodeDecodeError, AttributeError) as e:

@@ -40,13 +40,14 @@ FPS = 60.0
 
 def render(seed: int, seconds: float, rate: float) -> Path:
     from packer.synth import synth_session
+    from packer.synth.spec import Faults
 
     out = DATA / f"r{rate:g}-{seconds:g}s"
     name = f"session_2026-04-01_{seed:02d}0000"
     d = out / name
     if not (d / "synth_truth.json").exists():
         synth_session(out, name, int(round(seconds * FPS)), seed=2000 + seed, motion="fast", video=True,
-                      drop_rate=rate)
+                      faults=Faults(drop_rate=rate))
     return d
 
 

@@ -12,6 +12,7 @@ with quiet_imports():  # a Ctrl-C during these imports: one line, no traceback
     import click
 
     from packer.effects import EFFECTS, PHONE_RIGS, PROFILES
+    from packer.encoders import JOINTS
     from shardship.cliopts import cluster_option, config_option, friendly_errors, host_key_option, tool_group
     from shardship.config import Config, PackOptions, load_config
     from shardship.errors import Exit, SessionError, ShardshipError
@@ -116,12 +117,24 @@ def check(raw: str | None, pil: bool, config_path: str | None) -> None:
 @click.option("--clock-step", type=float, default=0.0, show_default=True, metavar="SECONDS",
               help="The phone's wall clock jumps by this much mid-recording (an NTP correction: imu.json, "
                    "encoders.json and endTime are stamped with it), e.g. 0.5 or -0.5.")
+@click.option("--video/--no-video", default=False, show_default=True,
+              help="Also write video.mov as the app does: HEVC, every delivered frame at its time on the 1/600 s "
+                   "timescale (the record of the frames the camera dropped).")
+@click.option("--drop-rate", type=click.FloatRange(0.0, 0.5, max_open=True), default=0.0, show_default=True,
+              metavar="SHARE", help="The camera discards this share of late frames (0.03 = 3%%): the numbering runs "
+                                    "on over each gap in time; only video.mov records where.")
+@click.option("--glove-gap", "glove_gaps", multiple=True, metavar="START:SECONDS",
+              help="The glove sends nothing for SECONDS from START s after frame 0, repeatable: a dropout (2:2), a "
+                   "late connect (-1:3), an early disconnect (8:99).")
+@click.option("--dead-joint", type=click.Choice(list(JOINTS)), default=None,
+              help="This joint reads -1 (an I2C error) in every notification.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="Render in parallel.")
 @click.option("--quiet", is_flag=True,
               help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @friendly_errors
 def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects: tuple[str, ...],
           profile: str | None, export: str, fps: str, glove: bool, capture: str, clock_step: float,
+          video: bool, drop_rate: float, glove_gaps: tuple[str, ...], dead_joint: str | None,
           workers: int, quiet: bool) -> None:
     """Render synthetic sessions exactly as the StackCapture app writes them.
 
@@ -130,18 +143,31 @@ def synth(out: str, sessions: int, frames: int, seed: int, motion: str, effects:
     calib.txt and metadata.json in the app's own JSON layout. Ground truth goes to
     synth_truth.json in each session; the pipeline never reads it."""
     from packer.effects import CameraEffects
-    from packer.synth import synth_dataset
+    from packer.synth import Faults, synth_dataset
 
     fx = CameraEffects.from_names(effects)
     rig = None
     if profile is not None:
         motion, fx = PROFILES[profile]
         rig = PHONE_RIGS.get(profile)
+    faults = Faults(drop_rate=drop_rate, glove_gaps=tuple(_start_length(g) for g in glove_gaps),
+                    dead_joint=dead_joint)
     paths = synth_dataset(Path(out), sessions=sessions, frames=frames, seed=seed, motion=motion, workers=workers,
                           export=export, fps=float(fps), encoders=glove, capture=capture, effects=fx,
-                          clock_step=clock_step, rig=rig, progress=not quiet)
+                          clock_step=clock_step, rig=rig, progress=not quiet, video=video, faults=faults)
     click.echo(f"wrote {len(paths)} {plural('session', len(paths))} to {out}"
                + (" as zip exports" if export == "zip" else ""))
+
+
+def _start_length(text: str) -> tuple[float, float]:
+    """'2:1.5' -> (2.0, 1.5) for --glove-gap; a one-line usage error otherwise."""
+    try:
+        start, length = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not START:SECONDS, e.g. 2:1.5", param_hint="--glove-gap") from None
+    if not length > 0:
+        raise click.BadParameter(f"{text!r}: SECONDS must be > 0", param_hint="--glove-gap")
+    return start, length
 
 
 def _pack_options(cfg: Config, **flags) -> PackOptions:

@@ -21,6 +21,7 @@ from packer.pack import pack
 from packer.session import load_session
 from packer.synth import truth
 from packer.synth.session import synth_session
+from packer.synth.spec import Faults
 from shardship.config import PackOptions
 from shardship.errors import SessionError
 from tests.datasets import write_truth_as_metric
@@ -34,8 +35,10 @@ def wrapped(d: np.ndarray) -> np.ndarray:
     return (d + 180.0) % 360.0 - 180.0
 
 
-def render(tmp: Path, frames: int = 300, seed: int = 5, poses: bool = True, **kw) -> Path:
-    s = synth_session(tmp / "raw", NAME, frames, seed, motion="fast", export="folder", **kw)
+def render(tmp: Path, frames: int = 300, seed: int = 5, poses: bool = True, video: bool = False,
+           drop_frames: tuple[int, ...] = (), **faults) -> Path:
+    s = synth_session(tmp / "raw", NAME, frames, seed, motion="fast", export="folder", video=video,
+                      drop_frames=drop_frames, faults=Faults(**faults))
     if poses:
         write_truth_as_metric(s)
     return s

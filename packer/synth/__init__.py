@@ -49,12 +49,13 @@ from packer.synth.frames import _SCENES, CX, CY, FPS, FX, FY, HEIGHT, JPEG_QUALI
 from packer.synth.groundtruth import TRUTH_FILE, TRUTH_VERSION, truth  # noqa: F401
 from packer.synth.metadata import DEVICE_MODEL, IOS_VERSION  # noqa: F401
 from packer.synth.session import synth_dataset, synth_session
-from packer.synth.spec import CAPTURES, EXPORTS
+from packer.synth.spec import CAPTURES, EXPORTS, Faults
 from packer.synth.trajectory import MOTIONS
 
 __all__ = [
     "synth_session",
     "synth_dataset",
+    "Faults",
     "truth",
     "session_name",
     "TRUTH_FILE",

@@ -24,7 +24,7 @@ from packer.synth.frames import FPS, JPEG_QUALITY, build_world, render_frames
 from packer.synth.groundtruth import write_truth
 from packer.synth.metadata import DEVICE_MODEL, IOS_VERSION, write_metadata, write_poses, write_video
 from packer.synth.sensors import write_encoders, write_imu
-from packer.synth.spec import Rngs, SessionSpec, draw_drops
+from packer.synth.spec import Faults, Rngs, SessionSpec, draw_drops
 
 
 def synth_session(
@@ -54,8 +54,7 @@ def synth_session(
     export: str = "folder",
     device_model: str = DEVICE_MODEL, ios_version: str = IOS_VERSION, clock_step: float = 0.0,
     clock_step_at: float = 0.5, effects: CameraEffects | None = None, rig: PhoneRig | None = None,
-    drop_rate: float = 0.0, camera_drops: tuple[int, ...] = (), writer_skips: tuple[int, ...] = (),
-    glove_gaps: tuple[tuple[float, float], ...] = (), dead_joint: str | None = None,
+    faults: Faults | None = None,
 ) -> Path:
     """Write one session `out_dir/name` as the app does and return its path (the
     folder, or `out_dir/name.zip` with `export="zip"`).
@@ -66,19 +65,16 @@ def synth_session(
     metric scale is not observable and must be refused), "static" (every frame
     identical).
     imu_offset: seconds of extra IMU latency (CoreMotion's main-queue handler stamps
-    with Date(): a few ms after the sample; default 8 ms against the glove's 5 ms
-    minimum BLE latency. The difference is not observable from the data, so it is
-    the floor of the joint timing error): an IMU stamp is frame0_epoch +
-    frame_time + imu_offset (truth: "imu_latency"; truth "imu_offset" is that whole
-    epoch offset, imu_stamp = frame_time + imu_offset).
+    with Date(): default 8 ms against the glove's 5 ms minimum BLE latency, the floor
+    of the joint timing error): an IMU stamp is frame0_epoch + frame_time + imu_offset
+    (truth "imu_latency"; truth "imu_offset" is that whole epoch offset).
     scale_hint: multiplies every length of the scene and the trajectory (a bigger or
     smaller world; truth poses stay metric in that world); None means 1.
     imu_duration_factor: < 1 makes the IMU stop early (covers that fraction of the capture).
     nan_imu: writes NaN into a few IMU samples (bad-input tests; the real app's
     encoder would refuse to write NaN).
-    video: also write a placeholder `video.mov` (opaque bytes, never read) so raw-vs-packed
-    byte counts include a video as real captures do (metadata hasVideo is true either
-    way: the app always records one).
+    video: also write `video.mov`, a real HEVC file with every delivered frame at its time
+    (`packer.video`; metadata hasVideo is true either way: the app always records one).
     scene_seed: the room (geometry and texture) comes from this seed instead of `seed`,
     so several sessions can be recorded in the same room.
     fps: camera rate, 60 (default) or 30 (the app's fallback); frame i is at i / fps.
@@ -102,12 +98,7 @@ def synth_session(
     effects: what a real phone camera does to the frames (`packer.synth.camera`:
     glove in view, lens, blur, rolling shutter, exposure, low texture); None: none.
     rig: the phone's build (`packer.effects.PhoneRig`), drawn per seed; None: none.
-    drop_rate: the camera discards this fraction of late frames (`alwaysDiscardsLateVideoFrames`):
-    the next frame takes the number, so the numbering runs on over a gap in time (slots drawn
-    per seed, `spec.draw_drops`); camera_drops: the slots of the 1/fps grid, given instead.
-    writer_skips: frame indices whose sample video.mov lacks (the writer was not ready).
-    glove_gaps: (s from frame 0, length s) with no BLE notification: a dropout, a late connect
-    (a start before 0), an early disconnect (to past the end). dead_joint: a joint that reads -1.0.
+    faults: what a phone and a Bluetooth glove do to the recording (`spec.Faults`); None: none.
 
     The session is assembled under a temporary name and renamed into place, so a
     killed run never leaves a half-written session that looks complete."""
@@ -118,9 +109,14 @@ def synth_session(
         read_errors=read_errors, wrap_joint=wrap_joint, capture=capture, legacy_metadata=legacy_metadata,
         calib=calib, lidar=lidar, export=export, device_model=device_model, ios_version=ios_version,
         clock_step=clock_step, clock_step_at=clock_step_at, effects=effects or CameraEffects(), rig=rig or PhoneRig(),
-        camera_drops=tuple(camera_drops) or (draw_drops(n_frames, drop_rate, seed) if drop_rate else ()),
-        writer_skips=tuple(writer_skips), glove_gaps=tuple(glove_gaps), dead_joint=dead_joint)
+        **_fault_fields(faults or Faults(), n_frames, seed))
     return write_session(out_dir, spec)
+
+
+def _fault_fields(f: Faults, n_frames: int, seed: int) -> dict[str, Any]:
+    drops = tuple(f.camera_drops) or (draw_drops(n_frames, f.drop_rate, seed) if f.drop_rate else ())
+    return {"camera_drops": drops, "writer_skips": tuple(f.writer_skips), "glove_gaps": tuple(f.glove_gaps),
+            "dead_joint": f.dead_joint}
 
 
 def write_session(out_dir: str | os.PathLike, spec: SessionSpec) -> Path:

@@ -103,6 +103,25 @@ class SessionSpec:
         return 1.0 if self.scale_hint is None else float(self.scale_hint)
 
 
+@dataclass(frozen=True)
+class Faults:
+    """What a phone and a Bluetooth glove do to a recording; none by default.
+
+    drop_rate: the camera discards this share of late frames (`alwaysDiscardsLateVideoFrames`):
+    the next frame takes the number, so the numbering runs on over a gap in time (slots
+    drawn per seed, `draw_drops`); camera_drops: those slots of the 1/fps grid, given instead.
+    writer_skips: frame numbers video.mov lacks (the writer was not ready for them).
+    glove_gaps: (s from frame 0, length s) with no BLE notification: a dropout, a late
+    connect (a start before 0), an early disconnect (to past the end).
+    dead_joint: a joint that reads -1.0 (an I2C error) in every notification."""
+
+    drop_rate: float = 0.0
+    camera_drops: tuple[int, ...] = ()
+    writer_skips: tuple[int, ...] = ()
+    glove_gaps: tuple[tuple[float, float], ...] = ()
+    dead_joint: str | None = None
+
+
 def delivered_slots(n_frames: int, drops: tuple[int, ...]) -> np.ndarray:
     """The grid slot of each of `n_frames` delivered frames when the camera discarded
     the slots `drops` (never the first: frame 0 is the first frame delivered)."""

@@ -13,7 +13,6 @@ inherit the result. A shard whose hash differs is refused by name; a shard that 
 shorter than its members say raises a ShardshipError instead of blocking."""
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from shardship.errors import ShardshipError
 from shardship.hashing import sha256_file
 from shardship.pil import cache_image_buffers
 from train.data import decode, obs, partition
+from train.data.batch import alloc_batch, assemble
 from train.data.decode import decode_jpeg_into, sample_arrays
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer, obs_summary
@@ -219,7 +219,7 @@ class ShardDataset(IterableDataset):
             return self._load_obs_batch(samples, valid, positions)
         b = len(samples)
         w, h = ix.image_size
-        t_img, t_prop, t_act, t_mask, t_jv, *tail = _alloc_batch(ix, (b, h, w, 3), (b, ix.proprio_dim))
+        t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(ix, (b, h, w, 3), (b, ix.proprio_dim))
         images, proprio, action, mask = t_img.numpy(), t_prop.numpy(), t_act.numpy(), t_mask.numpy()
         jvalid, jmask = t_jv.numpy(), tail[4].numpy()
         proprio[...] = 0
@@ -230,7 +230,7 @@ class ShardDataset(IterableDataset):
             self.decode_image(si, jpg, images[i])
             jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i], jmask[i])
         self.check_finite(samples, action=action, proprio=proprio)
-        return {**_batch(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
+        return {**assemble(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
                 "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
 
     def _load_obs_batch(self, samples: np.ndarray, valid: np.ndarray,
@@ -242,7 +242,7 @@ class ShardDataset(IterableDataset):
         idx, obs_mask = obs.window(ix, samples, n)
         b = len(samples)
         w, h = ix.image_size
-        t_img, t_prop, t_act, t_mask, t_jv, *tail = _alloc_batch(ix, (b, n, h, w, 3),
+        t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(ix, (b, n, h, w, 3),
                                                                   (b, n, POSE_DIMS + ix.proprio_dim))
         images, proprio, action, mask, jvalid, jmask = (t.numpy() for t in (t_img, t_prop, t_act, t_mask, t_jv,
                                                                              tail[4]))
@@ -256,7 +256,7 @@ class ShardDataset(IterableDataset):
             action[...] = self.normalizer.normalize_action(action)
             proprio[...] = self.normalizer.normalize_proprio(proprio)
         tail[3].numpy()[...] = obs_mask
-        return {**_batch(t_img.permute(0, 1, 4, 2, 3), t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
+        return {**assemble(t_img.permute(0, 1, 4, 2, 3), t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
                 "obs_mask": tail[3], "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
 
     # -------------------------------------------------------------- file I/O
@@ -383,53 +383,6 @@ class ShardDataset(IterableDataset):
         while self._fds:
             _, fd = self._fds.popitem()
             os.close(fd)
-
-
-def _alloc_batch(ix: ShardIndex, image: tuple[int, ...], proprio: tuple[int, ...]) -> list[torch.Tensor]:
-    """image, proprio, action, action_mask, joints_valid, weight, index, position,
-    obs_mask (B, N; N = 0 for the single-frame layout) and joints_mask (B, T) of one
-    batch of B samples."""
-    b = image[0]
-    n = image[1] if len(image) == 5 else 0
-    f32 = torch.float32
-    return _alloc([(image, torch.uint8), (proprio, f32), ((b, ix.horizon, ix.action_dim), f32), ((b, ix.horizon), f32),
-                   ((b,), f32), ((b,), f32), ((b,), torch.int64), ((b,), torch.int64), ((b, n), f32),
-                   ((b, ix.horizon), f32)])
-
-
-def _batch(image: torch.Tensor, proprio: torch.Tensor, action: torch.Tensor, mask: torch.Tensor,
-           jvalid: torch.Tensor, tail: list[torch.Tensor], valid: np.ndarray, samples: np.ndarray,
-           positions: np.ndarray) -> dict[str, Any]:
-    """The batch dict both layouts yield (ShardDataset's docstring lists the keys)."""
-    weight, index, position = tail[:3]
-    weight.numpy()[...] = valid
-    index.numpy()[...] = samples
-    position.numpy()[...] = positions
-    return {"image": image, "proprio": proprio, "action": action, "action_mask": mask, "joints_valid": jvalid,
-            "weight": weight, "index": index, "position": position, "joints_mask": tail[4]}
-
-
-def _alloc(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-    """The batch's tensors as views of ONE storage; in a DataLoader worker that
-    storage is shared memory (as default_collate's output is), so handing the batch
-    to the trainer costs no copy, and one shared segment instead of one per tensor
-    (each a /dev/shm file, an mmap and its page faults on both sides, ~9 of them
-    a batch) cut the trainer process's CPU per sample by ~1/3 here (185 -> 120 us
-    at 224x224, batch 32, 2 workers)."""
-    align = 64
-    offsets, total = [], 0
-    for shape, dtype in specs:
-        offsets.append(total)
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        total += -(-nbytes // align) * align
-    storage = (torch.UntypedStorage._new_shared(max(total, 1)) if get_worker_info() is not None
-               else torch.UntypedStorage(max(total, 1)))
-    out = []
-    for (shape, dtype), off in zip(specs, offsets, strict=True):
-        t = torch.empty(0, dtype=dtype)
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        out.append(t.set_(storage, off // t.element_size(), shape, strides))
-    return out
 
 
 def make_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool = False,

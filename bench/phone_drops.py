@@ -110,9 +110,9 @@ def _wrapped(d: np.ndarray) -> np.ndarray:
 
 
 def sweep(rates: list[float], modes: list[str], sessions: int, seconds: float, baseline: str | None,
-          log: Path | None = None) -> list[dict]:
+          log: Path | None = None, today: Path | None = None) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="phone_drops-"))
-    methods = [("today", str(REPO))]
+    methods = [("today", str(today or REPO))]
     if baseline:
         methods.append((f"baseline {baseline}", str(baseline_tree(baseline, work / "base"))))
     runs: dict[tuple, list[dict]] = {}
@@ -179,9 +179,12 @@ def main() -> int:
     ap.add_argument("--baseline", default=BASELINE_REF, help="git ref of the baseline ('' for none)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "phone_drops.csv")
     ap.add_argument("--log", type=Path, default=None, help="also append every session's record (JSON lines)")
+    ap.add_argument("--today-dir", type=Path, default=None,
+                    help="a checkout to measure as today's code (default: this one; a fixed worktree keeps edits made "
+                         "while the bench runs out of it)")
     a = ap.parse_args()
     rows = sweep([float(r) for r in a.rates.split(",")], a.modes.split(","), a.sessions, a.seconds,
-                 a.baseline or None, a.log)
+                 a.baseline or None, a.log, a.today_dir)
     for r in rows:
         print({k: v for k, v in r.items() if k != "machine"})
     write_csv(a.out, rows, "python -m bench.phone_drops " + " ".join(sys.argv[1:]))

@@ -1,10 +1,14 @@
 """Checkpoint files: what one holds, how it is written so a kill never costs the
 previous one, how it is read back, and which files a run keeps.
 
-    last.pt       newest state; the run resumes from it automatically
+    last.pt       newest state; the run resumes from it automatically (from the
+                  newest one that reads back when it does not: `find_resume`)
     step_N.pt     every checkpoint_every steps, the newest `keep` kept
-                  (last.pt is a hard link to the newest one: no extra space)
-    best.pt       lowest validation loss (EMA weights, validation sessions)
+                  (last.pt is a hard link to the newest one: no extra space;
+                  retention never removes one newer than the file just written,
+                  nor counts a damaged one as kept)
+    best.pt       lowest validation loss (EMA weights, validation sessions); its
+                  value is the bar a later run, resumed or not, has to beat
 
 The disk peak of this retention is train.retention.peak_checkpoint_files (kept
 torch-free there: `packer budget` and the job checks size quotas by it)."""
@@ -16,7 +20,9 @@ import datetime
 import errno
 import os
 import re
+import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +135,116 @@ def space_error(e: BaseException, out: Path) -> QuotaError | None:
                       f"then {then}")
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """The checkpoint at `path`; a foreign or damaged file is a one-line error."""
+class UnreadableCheckpoint(ShardshipError):
+    """A checkpoint file that does not read back as one; `why` says how, without the path."""
+
+    def __init__(self, path: Path, why: str, message: str):
+        self.path, self.why = path, why
+        super().__init__(message)
+
+
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint at `path`; a foreign or damaged file is a one-line error.
+    `mmap`: tensors stay in the file (torch >= 2.1), for reading a field or two."""
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a foreign or damaged file: say which and what to do
-        raise ShardshipError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e}); "
-                             "move it away to start over") from None
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=False, **({"mmap": True} if mmap else {}))
+        except TypeError:
+            if not mmap:
+                raise
+            ck = torch.load(path, map_location="cpu", weights_only=False)  # a torch without mmap=
+    except Exception as e:  # a foreign or damaged file: say which (callers say what to do)
+        why = f"{type(e).__name__}: {str(e).split('. ')[0][:120]}"  # torch's own text runs on for lines
+        raise UnreadableCheckpoint(path, why, f"{path}: cannot read checkpoint ({why}): damaged or cut short; "
+                                   "use another checkpoint") from None
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise ShardshipError(f"{path}: not a shardship checkpoint")
+        raise UnreadableCheckpoint(path, "not a shardship checkpoint", f"{path}: not a shardship checkpoint")
     return ck
+
+
+def looks_intact(path: Path) -> bool:
+    """Does the file end as a torch.save archive ends (a zip with its central directory)?
+    A file cut short by a kill, a full disk or a copy does not. Cheap (the directory only),
+    for retention, which must not count a damaged file among the ones it keeps."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return bool(z.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+@dataclass
+class Resume:
+    """The checkpoint a run continues from, and the newer ones that would not read back."""
+
+    path: Path
+    ckpt: dict[str, Any] | None  # loaded (rank 0 picked it), else None: load `path`
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)  # (file, why), newest first
+
+    def notice(self) -> str | None:
+        """One line for the log when this is not last.pt, else None."""
+        if not self.unreadable:
+            return None
+        return (f"warning: {unreadable(self.unreadable)}: resuming from {self.path}, the newest checkpoint "
+                "that reads back")
+
+
+def unreadable(bad: list[tuple[Path, str]]) -> str:
+    """"a, b are unreadable (why)": files that failed alike said once (last.pt and the
+    step_N.pt it is a hard link of always do)."""
+    by_why: dict[str, list[str]] = {}
+    for p, why in bad:
+        by_why.setdefault(why, []).append(str(p))
+    return "; ".join(f"{', '.join(ps)} {'is' if len(ps) == 1 else 'are'} unreadable ({why})"
+                     for why, ps in by_why.items())
+
+
+def resume_candidates(out: Path) -> list[Path]:
+    """last.pt, then every other checkpoint newest first (by when it was written, then by
+    step): the run's own newest state before an older run's step file."""
+    def newest(p: Path) -> tuple[int, int]:
+        m = STEP_RE.match(p.name)
+        return p.stat().st_mtime_ns, int(m.group(1)) if m else -1
+
+    last = out / "last.pt"
+    others = [p for _, p in periodic_checkpoints(out)] + [p for p in (out / "best.pt",) if p.is_file()]
+    return ([last] if last.is_file() else []) + sorted(others, key=newest, reverse=True)
+
+
+def find_resume(out: Path) -> Resume | None:
+    """What a run in `out` resumes from: last.pt, or when it does not read back (cut short
+    by a copy, a disk, a hand) the newest checkpoint that does. It used to say "move it
+    away to start over", and a run that did started at step 0 beside an intact step_N.pt.
+    None: no checkpoint at all. None readable: a one-line error naming each."""
+    bad: list[tuple[Path, str]] = []
+    for p in resume_candidates(out):
+        try:
+            return Resume(p, load_checkpoint(p), bad)
+        except UnreadableCheckpoint as e:
+            bad.append((p, e.why))
+    if not bad:
+        return None
+    raise ShardshipError(f"no checkpoint in {out} reads back: {unreadable(bad)}; copy good ones back, or move "
+                         "them away (or pass --no-resume) to start over")
+
+
+def best_so_far(out: Path, mcfg: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """(best.pt's validation loss, a warning): the bar a new best must beat, also for a run
+    that did not resume (a restart, --no-resume) - it overwrote a better best.pt with its
+    first, worse validation. A damaged best.pt is replaced by the next validation (the
+    warning says so); one of another model is refused as a resume from it would be."""
+    path = out / "best.pt"
+    if not path.is_file():
+        return None, None
+    try:
+        ck = load_checkpoint(path, mmap=True)
+    except UnreadableCheckpoint as e:
+        return None, f"warning: {path} is unreadable ({e.why}): the next validation replaces it"
+    if ck.get("model_config") != mcfg:
+        raise ShardshipError(f"{path} was trained with another model config or data shape; use a new --out, or "
+                             "move it away to start over")
+    best = ck.get("best_val")
+    return (float(best) if isinstance(best, (int, float)) else None), None
 
 
 def link_atomic(src: Path, dst: Path) -> None:
@@ -163,18 +269,42 @@ def periodic_checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def write_checkpoint(state: Mapping[str, Any], out: Path, kind: str, keep: int) -> None:
+def write_checkpoint(state: Mapping[str, Any], out: Path, kind: str, keep: int,
+                     protect: frozenset[str] | set[str] = frozenset()) -> None:
     """Write `state` as a 'best' (best.pt) or 'periodic' checkpoint. Periodic with
-    keep > 0: step_N.pt, last.pt linked to it, then the step files beyond the newest
+    keep > 0: step_N.pt, last.pt linked to it, then the older step files beyond
     `keep` removed (new before old: a kill in between leaves one too many, never
-    none); keep = 0: last.pt alone."""
+    none; see `stale_checkpoints`, which never removes a file named in `protect`);
+    keep = 0: last.pt alone."""
     if kind == "best":
         save_checkpoint(state, out / "best.pt")
     elif keep > 0:
         p = out / f"step_{state['step']}.pt"
         save_checkpoint(state, p)
         link_atomic(p, out / "last.pt")
-        for _, old in periodic_checkpoints(out)[:-keep]:
+        for old in stale_checkpoints(out, int(state["step"]), keep, protect):
             old.unlink(missing_ok=True)
     else:
         save_checkpoint(state, out / "last.pt")
+
+
+def stale_checkpoints(out: Path, step: int, keep: int, protect: frozenset[str] | set[str] = frozenset()) -> list[Path]:
+    """The step files retention removes once step_{step}.pt is written: of the older ones,
+    all but the newest keep - 1 that are intact (a damaged one is no backup: it goes, and
+    does not count). Never the one just written, never a newer one, never one in
+    `protect` (`foreign_checkpoints`: another run's). Counting by step number alone, a
+    run that started over removed the old run's intact step_N.pt, its only good state."""
+    older = [p for s, p in periodic_checkpoints(out) if s < step and p.name not in protect]
+    kept: list[Path] = []
+    for p in reversed(older):
+        if len(kept) < keep - 1 and looks_intact(p):
+            kept.append(p)
+    return [p for p in older if p not in kept]
+
+
+def foreign_checkpoints(out: Path, resumed_from: int | None) -> set[str]:
+    """The step files in `out` that are not this run's ancestors: past the step it resumed
+    from (a newer run's that did not read back, or one it moved on from), or any, for a
+    run that started at step 0 beside them. Retention leaves them to the user."""
+    floor = -1 if resumed_from is None else resumed_from
+    return {p.name for s, p in periodic_checkpoints(out) if s > floor}

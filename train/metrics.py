@@ -2,14 +2,19 @@
 logged window, validation and checkpoint), samples/rankN.jsonl (every rank, with
 log_samples: which samples each step used) and loss.png drawn from metrics.jsonl.
 
-The logs follow the checkpoint: a resumed run drops the lines of the steps it is
-about to redo, so every step appears once however often the run was killed."""
+metrics.jsonl is only ever appended to: a restart at step 0 deleted it and a resume
+rewrote it without the steps past the checkpoint, so a resume from an older
+checkpoint, or a start over by mistake, lost the record of what was trained. Each
+run marks where it starts instead ({"step": s, "event": "resume" | "start"}), and
+readers that want one value per step (`current_run`, loss.png) let the lines after a
+mark replace what earlier lines said about the steps past s. The samples logs
+follow the checkpoint: a resumed run drops the lines of the steps it redoes."""
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from shardship.atomic import atomic_open, write_bytes
 
@@ -30,14 +35,63 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
     write_bytes(path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
 
-def open_metrics(out: Path, is_main: bool, resumed: bool) -> IO[str] | None:
-    """metrics.jsonl for appending, line-buffered (a kill loses at most one line);
-    None on the other ranks. A fresh run starts a fresh curve."""
+def open_metrics(out: Path, is_main: bool) -> IO[str] | None:
+    """metrics.jsonl for appending, line-buffered (a kill loses at most one line); None
+    on the other ranks. Never emptied: see `run_mark` for where a run starts."""
     if not is_main:
         return None
-    if not resumed:
-        (out / METRICS).unlink(missing_ok=True)
     return open(out / METRICS, "a", buffering=1)  # noqa: SIM115  (closed by the trainer's finally)
+
+
+def run_mark(out: Path, step: int, resumed_file: str | None) -> str:
+    """The text that marks where this run starts, written before its first record (not
+    at open: on a nearly full disk the TensorBoard writer, opened next, met the ENOSPC
+    first, in a thread that printed a traceback): at `step`, resumed from
+    `resumed_file` (None: a fresh start). After a line cut by a kill it starts a line
+    of its own, so the cut one stays one bad line."""
+    path = out / METRICS
+    cut = path.is_file() and path.stat().st_size > 0 and not _ends_with_newline(path)
+    mark = {"step": step, "event": "resume", "from": resumed_file} if resumed_file else {"step": step, "event": "start"}
+    return ("\n" if cut else "") + json.dumps(mark) + "\n"
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
+
+
+def current_run(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the run as it stands now: a start or resume mark at step s drops
+    what the lines before it said about steps past s (the run redid them, or started
+    over), as a reader of one curve wants; the file keeps every line."""
+    out: list[dict[str, Any]] = []
+    for r in records:
+        if r.get("event") in ("start", "resume"):
+            s = _step(r)
+            out = [x for x in out if _step(x) <= s]
+        out.append(r)
+    return out
+
+
+def _step(rec: dict[str, Any]) -> int:
+    try:
+        return int(rec.get("step", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records (a line cut by a kill is skipped), every run's."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def open_samples_log(out: Path, rank: int, world_size: int, resumed_at: int | None) -> IO[str]:
@@ -67,11 +121,7 @@ def plot_metrics(metrics: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     tr, va = [], []
-    for line in metrics.read_text().splitlines() if metrics.exists() else []:
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for d in current_run(read_metrics(metrics)):
         if "loss" in d:
             tr.append((d["step"], d["loss"]))
         if "val_loss" in d:

@@ -9,7 +9,8 @@ functions only."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,12 +21,20 @@ from tqdm import tqdm
 from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 from train import ddp
-from train.checkpoint import checkpoint_payload, load_checkpoint, write_checkpoint
+from train.checkpoint import (
+    Resume,
+    best_so_far,
+    checkpoint_payload,
+    find_resume,
+    foreign_checkpoints,
+    load_checkpoint,
+    write_checkpoint,
+)
 from train.config import TrainConfig, parse_duration
 from train.data import ShardDataset, load_index, split_sessions, verify_shards
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer
-from train.metrics import METRICS, open_metrics, open_samples_log, truncate_jsonl
+from train.metrics import open_metrics, open_samples_log, run_mark
 from train.model import DiffusionPolicy, model_config
 from train.optim import EMA, make_optimizer
 from train.runtime import amp_dtype, make_scaler, rng_state, seed_everything, set_rng_state
@@ -118,10 +127,13 @@ class RunState:
     step: int = 0
     best_val: float | None = None
     resumed_from: int | None = None
+    resumed_file: str | None = None  # the checkpoint's file name (last.pt, or an older one when it was unreadable)
     metrics: IO[str] | None = None  # metrics.jsonl, rank 0 only
+    mark: str | None = None  # the line marking this run's start, written before its first record
     scalars: ScalarLog | None = None  # TensorBoard / wandb, rank 0 only
     samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
     plot_warned: bool = False  # loss.png failed once and said so
+    foreign: set[str] = field(default_factory=set)  # step files not this run's, which retention leaves
 
     @property
     def device(self) -> torch.device:
@@ -134,6 +146,9 @@ class RunState:
     def log(self, rec: dict[str, Any]) -> None:
         """One metrics.jsonl line (a no-op on ranks other than 0)."""
         if self.metrics is not None:
+            if self.mark is not None:
+                self.metrics.write(self.mark)
+                self.mark = None
             self.metrics.write(json.dumps(rec) + "\n")
         if self.scalars is not None:
             self.scalars.write(rec)
@@ -170,7 +185,8 @@ class RunState:
             global_batch=self.global_batch, cfg=self.cfg, best_val=self.best_val, sessions=self.sessions,
             data={"root": str(self.data), "fingerprint": self.index.fingerprint(),
                   "pose_metric": self.index.pose_metric})
-        write_checkpoint(state, self.out, kind, self.cfg.keep)
+        write_checkpoint(state, self.out, kind, self.cfg.keep, protect=self.foreign)
+        self.foreign.discard(f"step_{self.step}.pt")  # replaced by this run's own
         self.log({"step": self.step, "event": f"checkpoint:{kind}"})
 
 
@@ -207,12 +223,32 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
                     net=model)
 
 
-def resume_run(run: RunState, last: Path) -> None:
-    """Continue from `last`: weights, EMA, optimizer, scaler, step, reader position
+def plan_resume(d: ddp.Dist, out: Path, resume: bool) -> Resume | None:
+    """The checkpoint this run continues from (train.checkpoint.find_resume: last.pt, or
+    the newest that reads back), None for a fresh start. Rank 0 looks (and keeps what it
+    loaded); every rank learns the same file, or the same one-line error."""
+    pick, err = None, None
+    if resume and d.is_main:
+        try:
+            pick = find_resume(out)
+        except ShardshipError as e:
+            err = str(e)
+    if d.distributed:
+        path, err = d.all_gather_object((str(pick.path) if pick else None, err))[0]
+        if not d.is_main:
+            pick = Resume(Path(path), None) if path else None
+    if err:
+        raise ShardshipError(err)
+    return pick
+
+
+def resume_run(run: RunState, pick: Resume) -> None:
+    """Continue from `pick`: weights, EMA, optimizer, scaler, step, reader position
     and every rank's random streams, so the run goes on as if never stopped.
     (The LR schedule is rebuilt from the config by train.optim.make_scheduler.)"""
-    d, cfg = run.d, run.cfg
-    ck = load_checkpoint(last)
+    d, cfg, last = run.d, run.cfg, pick.path
+    ck = pick.ckpt if pick.ckpt is not None else load_checkpoint(last)
+    pick.ckpt = None  # its tensors go into the model: no second copy kept
     if ck["model_config"] != run.mcfg:
         raise ShardshipError(f"{last} was trained with another model config or data shape; "
                              "use a new --out, or move it away to start over")
@@ -221,6 +257,7 @@ def resume_run(run: RunState, last: Path) -> None:
     run.opt.load_state_dict(ck["optimizer"])
     run.scaler.load_state_dict(ck["scaler"])
     run.step, run.best_val, run.resumed_from = int(ck["step"]), ck.get("best_val"), int(ck["step"])
+    run.resumed_file = last.name
     if not cfg.steps:
         run.total_steps = int(ck.get("total_steps", run.total_steps))
     same_data = run.train_ds.load_state_dict(ck["reader"])
@@ -230,10 +267,45 @@ def resume_run(run: RunState, last: Path) -> None:
     else:  # another number of ranks: fresh, distinct, reproducible streams
         seed_everything(int(cfg.seed) * 1_000_003 + run.step * 101 + d.rank)
     if d.is_main:
+        notice = pick.notice()
+        if notice:
+            tqdm.write(notice, file=sys.stderr)
         note = "" if same_data else " (the data changed since: this epoch starts over)"
         tqdm.write(f"resuming from {last} at step {run.step}, epoch {run.train_ds.epoch}, "
                    f"{run.train_ds.consumed}/{run.train_ix.n_samples} samples into the epoch{note}")
-        truncate_jsonl(run.out / METRICS, run.step)
+
+
+def seed_best(run: RunState) -> None:
+    """run.best_val <- the lower of the resumed checkpoint's and best.pt's own value, so
+    best.pt is only replaced by a better validation loss, whatever happened between: a
+    restart at step 0, a resume from an older checkpoint (best.pt may be newer), a
+    kill between best.pt and the next periodic checkpoint. Rank 0 reads; all ranks learn
+    (saving best.pt is a collective)."""
+    d = run.d
+    best, note, err = None, None, None
+    if d.is_main:
+        try:
+            best, note = best_so_far(run.out, run.mcfg)
+        except ShardshipError as e:
+            err = str(e)
+    if d.distributed:
+        best, err = d.all_gather_object((best, err))[0]
+    if err:
+        raise ShardshipError(err)
+    if note and d.is_main:
+        tqdm.write(note, file=sys.stderr)
+    if best is not None and (run.best_val is None or best < run.best_val):
+        run.best_val = best
+
+
+def note_foreign(run: RunState) -> None:
+    """The step files in OUT that are not this run's (train.checkpoint.foreign_checkpoints):
+    its retention leaves them, and says so once. Rank 0 only (it alone writes)."""
+    run.foreign = foreign_checkpoints(run.out, run.resumed_from) if run.d.is_main else set()
+    if run.foreign:
+        tqdm.write(f"note: {', '.join(sorted(run.foreign))} in {run.out}: past step {run.step}, where this run "
+                   "starts, so not its own: retention leaves them (remove them when no longer needed)",
+                   file=sys.stderr)
 
 
 def open_logs(run: RunState) -> None:
@@ -245,7 +317,8 @@ def open_logs(run: RunState) -> None:
     if d.distributed:
         run.net = DistributedDataParallel(run.model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
                                           broadcast_buffers=False)  # buffers (normaliser, schedule) never change
-    run.metrics = open_metrics(run.out, d.is_main, resumed=run.resumed_from is not None)
+    run.metrics = open_metrics(run.out, d.is_main)
+    run.mark = run_mark(run.out, run.step, run.resumed_file) if d.is_main else None
     if d.is_main:
         cfg = run.cfg
         run.scalars = ScalarLog.open(run.out, cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg,

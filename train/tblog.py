@@ -5,11 +5,12 @@ Biases when `[train] wandb = true` and the package is installed.
 Neither is required: without tensorboard (or wandb) installed the run says so in
 one line and trains on. A resumed run passes the checkpoint's step as TensorBoard's
 purge_step, so the steps it redoes replace the old points instead of doubling
-the curve (as metrics.jsonl is truncated)."""
+the curve (as train.metrics.current_run reads metrics.jsonl, which keeps them)."""
 from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,27 @@ def _tensorboard(out: Path, purge_step: int | None) -> Any:
     except ImportError:
         _warn("tensorboard is not installed (pip install tensorboard): no event files, metrics.jsonl has the numbers")
         return None
+    _quiet_writer_threads()
     return SummaryWriter(log_dir=str(out), purge_step=purge_step, flush_secs=10)
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes events from a thread of its own; an OSError there (a full disk)
+    is handed to the trainer's next call into the writer, which raises it, and the run
+    says it in one line (exit 3). The thread also re-raises it, and Python printed that
+    copy as a traceback, after the one line or not, by a race with the process's exit.
+    Only that copy is dropped: every other thread's error is printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "shardship_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.shardship_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def _wandb(out: Path, project: str, config: Any) -> Any:

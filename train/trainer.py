@@ -8,9 +8,11 @@ steps the ranks all-reduce the loss and a stop flag (SIGTERM/SIGUSR1 or the time
 limit), so every rank stops on the same step and nobody waits in a collective
 for a rank that left. Rank 0 checkpoints atomically every `checkpoint_every`
 steps, at a new best validation loss and at the end (train.checkpoint lists the
-files); the run resumes from last.pt by itself, with the same step, learning
-rate, data position and random streams. metrics.jsonl and loss.png follow the
-checkpoint: a resumed run drops the lines of steps it is about to redo.
+files); the run resumes from last.pt by itself (from the newest checkpoint that
+reads back when last.pt does not), with the same step, learning rate, data
+position and random streams. best.pt is replaced only by a better validation loss
+than its own, also across restarts; metrics.jsonl is only appended to, each run
+marking where it starts, and loss.png draws the run as it stands.
 Rank 0 holds OUT/.lock for the run (a second run into OUT is refused), no
 checkpoint is written from non-finite weights, a failed loss.png is a warning,
 and a full disk anywhere is one line and exit 3 (Exit.QUOTA).
@@ -61,8 +63,11 @@ from train.state import (
     close_logs,
     make_dataset,
     model_summary,
+    note_foreign,
     open_logs,
+    plan_resume,
     resume_run,
+    seed_best,
     setup_run,
     warmup_warning,
 )
@@ -105,15 +110,18 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out)
     configure_device(d.device)
-    last = out / "last.pt"
-    run = setup_run(d, data, out, cfg, progress, t_start, pretrained=not (resume and last.exists()))
-    if resume and last.exists():
-        resume_run(run, last)
+    pick = plan_resume(d, out, resume)
+    run = setup_run(d, data, out, cfg, progress, t_start, pretrained=pick is None)
+    if pick is not None:
+        resume_run(run, pick)
+    seed_best(run)
+    note_foreign(run)
     run.sched = make_scheduler(run.opt, cfg, run.total_steps, run.resumed_from)
     end = min(run.total_steps, max_steps) if max_steps else run.total_steps
     if run.step >= end:
         if d.is_main:
-            tqdm.write(f"{last} is already at step {run.step} (target {end}): nothing to do; raise --steps to continue")
+            tqdm.write(f"{out / (run.resumed_file or 'last.pt')} is already at step {run.step} (target {end}): "
+                       "nothing to do; raise --steps to continue")
         return run.result(None)
 
     open_logs(run)

@@ -443,3 +443,149 @@ def test_reader_blames_index_json_when_the_shard_is_whole(packed: Path, tmp_path
     msg = str(e.value)
     assert "index.json" in msg and "packer pack" in msg and "re-upload" not in msg, msg
     ds.close()
+
+
+# ---------------------------------------------------------------- 39.7.1: a damaged last.pt, a restart
+def _keeping_config(tmp: Path, keep: int = 2, ckpt: int = 3) -> Path:
+    """Checkpoints every `ckpt` steps, `keep` step files, validation every 3 steps."""
+    p = _config(tmp, steps=12, ckpt=ckpt, log=1)
+    p.write_text(p.read_text().replace("keep = 0", f"keep = {keep}").replace("val_every = 0", "val_every = 3"))
+    return p
+
+
+def _best(out: Path) -> float:
+    from train.checkpoint import load_checkpoint
+
+    return float(load_checkpoint(out / "best.pt")["best_val"])
+
+
+def _cut_short(path: Path, in_place: bool) -> None:
+    """A checkpoint cut to a third: in place (its hard links with it: a disk that filled),
+    or as a new file over it (a copy that stopped, the other names untouched)."""
+    size = path.stat().st_size
+    if in_place:
+        os.truncate(path, size // 3)
+        return
+    part = path.with_name(path.name + ".copy")
+    part.write_bytes(path.read_bytes()[:size // 3])
+    os.replace(part, path)
+
+
+def test_a_cut_last_pt_resumes_from_the_newest_checkpoint_that_reads_back(packed: Path, tmp_path: Path) -> None:
+    """It said "move it away to start over", and the run that did started at step 0
+    beside an intact step_N.pt. Now the run goes on from the newest checkpoint that reads
+    back and says in one line which, and which did not; best.pt and metrics.jsonl
+    survive every restart."""
+    from train.checkpoint import load_checkpoint
+    from train.metrics import current_run, read_metrics
+
+    cfg, out = _keeping_config(tmp_path), tmp_path / "out"
+    assert _run(_cmd(packed, out, cfg, "--max-steps", "6")).returncode == 0
+    first = (out / "metrics.jsonl").read_text()
+    _cut_short(out / "last.pt", in_place=False)  # step_6.pt, its former hard link, stays whole
+    r = _run(_cmd(packed, out, cfg, "--max-steps", "9"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (warn,) = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert f"{out / 'last.pt'} is unreadable (" in warn and "step_6.pt is" not in warn, warn
+    assert f"resuming from {out / 'step_6.pt'}, the newest checkpoint that reads back" in warn, warn
+    assert f"resuming from {out / 'step_6.pt'} at step 6," in r.stdout + r.stderr
+    assert load_checkpoint(out / "last.pt")["step"] == 9
+    assert sorted(p.name for p in out.glob("step_*.pt")) == ["step_6.pt", "step_9.pt"]
+
+    # now last.pt is cut in place, and step_9.pt (the same file) with it: the next newest goes on
+    _cut_short(out / "last.pt", in_place=True)
+    intact = sorted([out / "step_6.pt", out / "best.pt"], key=lambda p: p.stat().st_mtime_ns)[-1]
+    r = _run(_cmd(packed, out, cfg, "--max-steps", "10"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (warn,) = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    assert f"{out / 'last.pt'}, {out / 'step_9.pt'} are unreadable (" in warn, warn
+    assert f"resuming from {intact}, the newest checkpoint" in warn, warn
+    assert load_checkpoint(out / "last.pt")["step"] == 10
+
+    # metrics.jsonl was only appended to, each run marked; as read, every step once
+    text = (out / "metrics.jsonl").read_text()
+    assert text.startswith(first), "a restart must not rewrite what was logged"
+    recs = read_metrics(out / "metrics.jsonl")
+    marks = [(r["event"], r.get("from")) for r in recs if r.get("event") in ("start", "resume")]
+    assert marks == [("start", None), ("resume", "step_6.pt"), ("resume", intact.name)], marks
+    steps = [r["step"] for r in current_run(recs) if "loss" in r]
+    assert steps == list(range(1, 11)), steps
+    # best.pt holds the lowest validation loss ever logged, however often the run restarted
+    assert _best(out) == pytest.approx(min(r["val_loss"] for r in recs if "val_loss" in r), rel=1e-9)
+
+
+def test_no_checkpoint_that_reads_back_is_one_line_naming_each(packed: Path, tmp_path: Path) -> None:
+    cfg, out = _keeping_config(tmp_path, keep=1), tmp_path / "out"
+    assert _run(_cmd(packed, out, cfg, "--max-steps", "3")).returncode == 0
+    for p in out.glob("*.pt"):
+        if p.name != "last.pt":  # last.pt is a hard link of step_3.pt: cut with it
+            _cut_short(p, in_place=True)
+    line = _one_line_error(_run(_cmd(packed, out, cfg)), Exit.USAGE)
+    assert f"no checkpoint in {out} reads back: " in line and "--no-resume" in line, line
+    for name in ("last.pt", "step_3.pt", "best.pt"):
+        assert str(out / name) in line, line
+
+
+def test_a_restart_keeps_best_pt_metrics_and_the_other_runs_checkpoints(packed: Path, tmp_path: Path) -> None:
+    """A run that starts over in the same OUT (--no-resume, or last.pt moved away as the
+    old message said): its first, worse validation overwrote best.pt, metrics.jsonl was
+    deleted, and `keep` removed the old run's intact step_6.pt once the new run passed
+    step 6. Now best.pt's value is the bar, metrics.jsonl is appended to, and the old
+    step file stays (the run says so)."""
+    cfg, out = _keeping_config(tmp_path, keep=1), tmp_path / "out"
+    assert _run(_cmd(packed, out, cfg, "--max-steps", "6")).returncode == 0
+    best_bytes, best = (out / "best.pt").read_bytes(), _best(out)
+    first = (out / "metrics.jsonl").read_text()
+    (tmp_path / "again").mkdir()
+    again = _keeping_config(tmp_path / "again", keep=1, ckpt=4)  # step_4, step_8: past the old step_6
+    r = _run(_cmd(packed, out, again, "--no-resume", "--max-steps", "8", "--lr", "1e-9"))  # learns nothing
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    (note,) = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
+    assert "step_6.pt" in note and "retention leaves them" in note, note
+    text = (out / "metrics.jsonl").read_text()
+    assert text.startswith(first), "the first run's metrics must survive a restart"
+    later = [json.loads(ln) for ln in text[len(first):].splitlines()]
+    assert later[0] == {"step": 0, "event": "start"}
+    vals = [x["val_loss"] for x in later if "val_loss" in x]
+    assert vals and min(vals) > best, (vals, best)  # worse: best.pt must stay the first run's
+    assert (out / "best.pt").read_bytes() == best_bytes
+    assert sorted(p.name for p in out.glob("step_*.pt")) == ["step_6.pt", "step_8.pt"]
+
+
+def test_retention_counts_only_intact_files_and_never_removes_a_foreign_or_newer_one(tmp_path: Path) -> None:
+    """write_checkpoint on real files: a damaged older step file is removed and not counted
+    among those kept; one past the step being written, or another run's, stays."""
+    import torch
+
+    from train.checkpoint import looks_intact, write_checkpoint
+
+    def state(step: int) -> dict:
+        return {"format": "shardship-checkpoint", "step": step, "w": torch.full((64,), float(step))}
+
+    for step in (3, 6):
+        write_checkpoint(state(step), tmp_path, "periodic", keep=3)
+    _cut_short(tmp_path / "step_6.pt", in_place=False)
+    assert looks_intact(tmp_path / "step_3.pt") and not looks_intact(tmp_path / "step_6.pt")
+    write_checkpoint(state(9), tmp_path, "periodic", keep=2)  # by number alone: step_6 (damaged) and step_9
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_3.pt", "step_9.pt"]
+    write_checkpoint(state(12), tmp_path, "periodic", keep=1, protect={"step_3.pt"})
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_12.pt", "step_3.pt"]
+    write_checkpoint(state(50), tmp_path, "periodic", keep=1)
+    write_checkpoint(state(15), tmp_path, "periodic", keep=1)  # a run that went back: step_50 is not older
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_15.pt", "step_50.pt"]
+
+
+def test_a_line_cut_by_a_kill_stays_one_bad_line_and_the_mark_starts_its_own(tmp_path: Path) -> None:
+    """SIGKILL mid-write leaves metrics.jsonl without its last newline; the next run's
+    start mark must not be glued to it (both lines lost), and readers skip the cut one."""
+    from train.metrics import current_run, read_metrics, run_mark
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    with open(path, "a") as f:
+        f.write(run_mark(tmp_path, 2, "step_2.pt"))
+        f.write('{"step": 3, "loss": 1.25}\n')
+    recs = read_metrics(path)
+    assert recs[2] == {"step": 2, "event": "resume", "from": "step_2.pt"}
+    assert [(r["step"], r.get("loss")) for r in current_run(recs) if "loss" in r] == [(1, 2.0), (2, 1.5), (3, 1.25)]
+    assert run_mark(tmp_path / "nowhere", 0, None) == '{"step": 0, "event": "start"}\n'

@@ -21,7 +21,16 @@ from packer.clock import FrameClock, frame_clock
 from packer.encoders import JOINTS, Encoders, reading_gaps, usable, valid_at
 from packer.frametimes import breaks, describe_gaps
 from packer.imageops import ResizeSpec, rescale_intrinsics
-from packer.session import RAW_HEIGHT, RAW_WIDTH, Session, load_encoders, load_pose_flags, load_poses, poses_are_metric
+from packer.session import (
+    CAPTURE_ULTRAWIDE,
+    RAW_HEIGHT,
+    RAW_WIDTH,
+    Session,
+    load_encoders,
+    load_pose_flags,
+    load_poses,
+    poses_are_metric,
+)
 from shardship.config import PackOptions
 
 MIN_READINGS_INSIDE = 0.5  # fewer of the glove's readings inside the video: its clock is not the frames'
@@ -183,6 +192,10 @@ def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> Joints:
         return Joints.masked(len(t))
     epoch = clock.epoch(t)
     _refuse_misplaced(session, enc, epoch, clock)
+    if session.timestamp_source == "index/fps" and session.capture == CAPTURE_ULTRAWIDE and not session.pose_entries:
+        session.warnings.append("no video.mov and no poses: frames the camera dropped (under 0.4 s in all) cannot be "
+                                "seen, and frame 0 is placed only within ~40 ms of the IMU's start; each joint is off "
+                                "by the hand's motion over that time (run packer slam, or keep video.mov)")
     known = valid_at(enc, epoch) & use[None]
     values = np.where(known, enc.at(epoch), 0.0)
     gaps = [(a - clock.frame0_epoch, n) for a, n in reading_gaps(enc, float(epoch[0]), float(epoch[-1]))]

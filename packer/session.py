@@ -324,7 +324,7 @@ def _numbers_or_video(s: Session, count: int) -> None:
     if vc is None:
         s.timestamps, s.timestamp_source = s.frames.astype(np.float64) / s.fps, "index/fps"
         if s.imu is not None and s.capture == CAPTURE_ULTRAWIDE:
-            short = numbers_short(count, s.fps, float(s.imu.t[-1] - s.imu.t[0]))
+            short = numbers_short(count, s.fps, s.imu.t)
             if short:
                 raise s.error("rgb/", short)
         return

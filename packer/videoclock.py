@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.frametimes import place
+from packer.imu_gaps import find_gaps
 from packer.video import VideoError, frame_times
 
 # The IMU runs from the capture's start to its stop, the frames from the first that
@@ -68,9 +69,14 @@ def from_video(path: Path, frames: np.ndarray, count: int, warnings: list[str]) 
     return VideoClock(times, p.fps, f"video.mov ({len(vt)} frames over {vt[-1]:.2f} s)", notes)
 
 
-def numbers_short(count: int, fps: float, imu_span: float) -> str | None:
+def numbers_short(count: int, fps: float, imu_t: np.ndarray) -> str | None:
     """The refusal when `count` frame numbers at `fps` fill clearly less of the
-    IMU's span than they should (drops, and no video.mov to place them), else None."""
+    IMU's span (`imu_t`) than they should (drops, and no video.mov to place them),
+    else None. The IMU's own gaps are not counted: a forward jump in imu.json that
+    the glove does not confirm is kept as a stall (`packer.clockstep`) but may be a
+    clock step the glove missed, and drops are not claimed on that ambiguity
+    (`packer slam` still sees drops from the gyro)."""
+    imu_span = float(imu_t[-1] - imu_t[0]) - sum(g.length for g in find_gaps(imu_t))
     expected = imu_span * fps
     short = expected - count
     if short <= DROP_SLACK * fps:

@@ -9,6 +9,9 @@ so these tests check the labels, not SLAM; tests/test_slam_hard.py runs SLAM on 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from packer.synth.spec import Faults
 from shardship.config import PackOptions
 from shardship.errors import SessionError
 from tests.datasets import write_truth_as_metric
+from tests.test_slam_hard import assert_never_wrong
 
 JOINT_TOL = 2.0  # degrees
 NAME = "session_2026-01-01_120000"
@@ -109,6 +113,11 @@ def test_glove_dropout_masks_the_silent_frames_only(tmp_path: Path):
     assert 0.6 < entry["labels"]["joints_coverage"] < 0.72
     out = check_lines(s.parent)
     assert "glove: joints on 6" in out and "silent 2.0" in out, out
+    r = CliRunner().invoke(packer_main, ["report", "--raw", str(s.parent), "--out", str(tmp_path / "p"),
+                                         "--no-budget", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "p" / "report.html").read_text()
+    assert "joints known on 6" in page and "glove silent 2.0-4.0 s" in page
 
 
 def test_late_connect_and_early_disconnect_are_masked_not_held_nor_refused(tmp_path: Path):
@@ -194,3 +203,49 @@ def test_drops_and_a_writer_skip_leave_unplaceable_frames_out_never_wrong(tmp_pa
     assert np.abs(sess.timestamps - tr["frame_timestamps"][sess.frames]).max() < 1e-9
     _, metas = packed_samples(s, tmp_path / "p")
     assert_labels_true(s, metas)
+
+
+# ----------------------------------------------------------------- SLAM on a camera that dropped frames
+
+
+@pytest.fixture(scope="module")
+def dropped_3pct(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """10 s of fast hand motion, the camera dropping 3% of its frames, video.mov written."""
+    raw = tmp_path_factory.mktemp("drops") / "raw"
+    return synth_session(raw, NAME, 600, 2003, motion="fast", export="folder", video=True,
+                         faults=Faults(drop_rate=0.03))
+
+
+def _slam(src: Path, work: Path, video: bool) -> tuple[Path, subprocess.CompletedProcess]:
+    shutil.copytree(src, work / "raw" / src.name, ignore=shutil.ignore_patterns(*([] if video else ["video.mov"])))
+    r = subprocess.run([sys.executable, "-m", "packer", "pack", "--raw", str(work / "raw"), "--out",
+                        str(work / "p"), "--quiet", "--workers", "1"], capture_output=True, text=True, timeout=900)
+    return work / "raw" / src.name, r
+
+
+def test_slam_on_dropped_frames_placed_by_video_mov(dropped_3pct: Path, tmp_path: Path):
+    d, r = _slam(dropped_3pct, tmp_path, video=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_never_wrong(d, r, ())
+    entry, metas = json.loads((tmp_path / "p" / "index.json").read_text())["sessions"][NAME], []
+    for shard in entry["shards"]:
+        with tarfile.open(tmp_path / "p" / shard) as tf:
+            metas += [json.load(tf.extractfile(m)) for m in tf.getmembers() if m.name.endswith(".json")]
+    metas.sort(key=lambda m: m["frame"])
+    assert entry["labels"]["frame_times"] == "video.mov" and entry["labels"]["breaks"]
+    tr = truth(dropped_3pct)
+    joints, times = tr["joints_deg"], tr["frame_timestamps"]
+    for p, m in enumerate(metas):  # SLAM's poses are not the truth's: joints and time spans checked here
+        assert not m["joints_valid"] or np.abs(wrapped(np.array(m["proprio"]) - joints[m["frame"]])).max() <= JOINT_TOL
+        for k, real in enumerate(m["action_mask"], start=1):
+            if real:
+                assert abs(times[metas[p + k]["frame"]] - times[m["frame"]] - k / FPS) < 0.25 / FPS
+
+
+def test_slam_refuses_dropped_frames_without_video_mov(dropped_3pct: Path, tmp_path: Path):
+    d, r = _slam(dropped_3pct, tmp_path, video=False)
+    failed = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("FAIL")]
+    assert r.returncode != 0 and len(failed) == 1, r.stdout + r.stderr
+    assert "dropped by the camera" in failed[0] and "copy video.mov" in failed[0], failed
+    assert not (tmp_path / "p" / "index.json").exists() or NAME not in json.loads(
+        (tmp_path / "p" / "index.json").read_text())["sessions"]

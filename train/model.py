@@ -217,7 +217,7 @@ class DiffusionPolicy(nn.Module):
         sq = (pred.float() - target).pow(2)  # (B, T, D)
         if jw is not None:
             # masked joints are placeholders, not data: scored on the pose dimensions alone
-            dw = torch.ones(b, 1, sq.shape[-1], device=sq.device)
+            dw = torch.ones(b, jw.shape[1], sq.shape[-1], device=sq.device)
             dw[:, :, POSE_DIMS:] = jw
             err = (sq * dw).sum(dim=-1) / dw.sum(dim=-1)
         else:

@@ -49,7 +49,7 @@ def session_section(out_dir: Path, raw_dir: Path | None, index: Index, name: str
         "joints_valid": bool(entry.get("joints_valid")), "warnings": list(entry.get("warnings") or []),
         "cal": _calibration(cal), "rates_note": rates_note, "glove_note": glove_note,
         "rate_corr": None if rates is None else rates.correlation,
-        "glove": _glove_lines(joint_names, glove),
+        "glove": _glove_lines(joint_names, glove), "labels": label_line(entry.get("labels"), joint_names),
         "joint_names": joint_names, "joint_range": [float(x) for x in jr],
         "path_length": float(np.sum(speed * np.diff(s.t[s.posed]))) if len(speed) else None,
         "speed_median": metrics["speed"], "speed_max": float(np.max(speed)) if len(speed) else None,
@@ -62,6 +62,25 @@ def session_section(out_dir: Path, raw_dir: Path | None, index: Index, name: str
         "actions": action_table(entry.get("stats") or {}, joint_names),
         "thumb_png": figures.thumbnail(s),
     }
+
+
+def label_line(labels: dict[str, Any] | None, names: list[str]) -> str:
+    """What the labels rest on, in a line: where the frame times come from, the gaps
+    no chunk spans, the share of frames with known joints and where the glove was silent."""
+    if not labels:
+        return ""
+    parts = [f"frame times from {labels.get('frame_times')}"]
+    breaks = labels.get("breaks") or []
+    parts.append(f"{len(breaks)} gap(s) in time or numbering, no chunk spans one" if breaks else "no gap")
+    parts.append(f"joints known on {100 * float(labels.get('joints_coverage') or 0):.0f}% of the frames")
+    dead = [n for n, u in zip(names, labels.get("joints_usable") or []) if not u]
+    if dead and len(dead) < len(names):
+        parts.append(f"{', '.join(dead)} never read (masked)")
+    gaps = labels.get("glove_gaps") or []
+    if gaps:
+        parts.append("glove silent " + ", ".join(f"{a:.1f}-{a + n:.1f} s" for a, n in gaps[:4])
+                     + (" ..." if len(gaps) > 4 else ""))
+    return "; ".join(parts)
 
 
 def _glove_lines(names: list[str], glove: GloveEvents | None) -> list[str]:

@@ -34,6 +34,9 @@ from packer.session import (
 from shardship.config import PackOptions
 
 MIN_READINGS_INSIDE = 0.5  # fewer of the glove's readings inside the video: its clock is not the frames'
+# without video.mov the frame numbers are the clock; without poses nothing checks it (`packer slam` does)
+NO_CLOCK_CHECK = ("no video.mov and no poses: frames the camera dropped (under 0.4 s in all) cannot be seen, so each "
+                  "later frame's joints may be read early; keep video.mov, or pack with SLAM, which finds them")
 BLOCK = 512  # frames whose sample JSON is built at a time (see SampleMetas)
 
 
@@ -193,9 +196,7 @@ def _joints(session: Session, clock: FrameClock, t: np.ndarray) -> Joints:
     epoch = clock.epoch(t)
     _refuse_misplaced(session, enc, epoch, clock)
     if session.timestamp_source == "index/fps" and session.capture == CAPTURE_ULTRAWIDE and not session.pose_entries:
-        session.warnings.append("no video.mov and no poses: frames the camera dropped (under 0.4 s in all) cannot be "
-                                "seen, and frame 0 is placed only within ~40 ms of the IMU's start; each joint is off "
-                                "by the hand's motion over that time (run packer slam, or keep video.mov)")
+        session.warnings.append(NO_CLOCK_CHECK)
     known = valid_at(enc, epoch) & use[None]
     values = np.where(known, enc.at(epoch), 0.0)
     gaps = [(a - clock.frame0_epoch, n) for a, n in reading_gaps(enc, float(epoch[0]), float(epoch[-1]))]

@@ -249,3 +249,13 @@ def test_slam_refuses_dropped_frames_without_video_mov(dropped_3pct: Path, tmp_p
     assert "dropped by the camera" in failed[0] and "copy video.mov" in failed[0], failed
     assert not (tmp_path / "p" / "index.json").exists() or NAME not in json.loads(
         (tmp_path / "p" / "index.json").read_text())["sessions"]
+
+
+def test_without_video_mov_or_poses_the_unchecked_clock_is_said(tmp_path: Path):
+    """1% of 4 s is too few drops to show against the IMU's span, and with neither
+    video.mov nor poses nothing else can see them: packed, with the warning that says so."""
+    from packer.samples import NO_CLOCK_CHECK
+
+    s = render(tmp_path, 240, poses=False, drop_rate=0.01)
+    entry, _ = packed_samples(s, tmp_path / "p")
+    assert NO_CLOCK_CHECK in entry["warnings"]

@@ -7,8 +7,10 @@ too, to a few milliseconds. In order of trust:
 1. the offset `packer slam` stored in metadata.json (IMU clock = frame clock + offset);
 2. gyro vs visual rotation rate on poses.json from elsewhere (the user's calibrated
    SLAM): the same alignment, run on their poses, takes well under a second;
-3. the session's first guess (IMU start, glove start, or the 1-s metadata start time),
-   which is off by up to a frame period (or a second)."""
+3. without poses, gyro alignment on the images' own rotation over the first seconds
+   (`packer.slam.visual_clock`), where it is sound;
+4. the session's first guess (IMU start, glove start, or the 1-s metadata start time),
+   which is off by up to a frame period and the camera's start (or a second)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,7 +42,22 @@ def frame_clock(session: Session, poses: dict[int, np.ndarray] | None) -> FrameC
         aligned = _align_on_poses(session, poses)
         if aligned is not None:
             return FrameClock(aligned, f"gyro alignment on {session.pose_source} poses.json")
+    if session.imu is not None and not poses and session.intrinsics is not None:
+        seen = _align_on_images(session)
+        if seen is not None:
+            return FrameClock(seen, "gyro alignment on the images' own rotation")
     return FrameClock(session.frame0_epoch, session.frame0_source or "none")
+
+
+def _align_on_images(session: Session) -> float | None:
+    """Frame 0 from the images' rotation against the gyro where there are no poses
+    (`packer.slam.visual_clock`), or None where that is not sound."""
+    from packer.slam.visual_clock import visual_offset
+
+    assert session.imu is not None and session.intrinsics is not None
+    fx, fy, cx, cy = session.intrinsics
+    K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
+    return visual_offset(session.frame_paths, session.timestamps, K, session.imu.t, session.imu.gyro)
 
 
 def _align_on_poses(session: Session, poses: dict[int, np.ndarray]) -> float | None:

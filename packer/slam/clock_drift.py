@@ -9,7 +9,8 @@ shift both thirds alike. Where the thirds disagree by more than
 `MAX_DRIFT_PERIODS`, the frame clock is known to be wrong and the session is
 refused, naming the drops, before any pose or joint is placed on it. (Too many
 drops to miss show earlier, at load, as fewer numbers than the IMU's span holds.)
-A third whose rotation is too weak to align says nothing."""
+A third whose rotation is too weak to align, or that the gyro does not fit soundly,
+says nothing; nor does a drift the wrong way (drops only make later frames late)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +19,10 @@ from packer.slam.imu_align import AlignmentError, align_imu
 
 MAX_DRIFT_PERIODS = 2.5  # the thirds' offsets more than this many frame periods apart: frames dropped
 MARGIN = 0.5  # s of IMU searched beyond a third's span around the whole recording's offset
+# a third's alignment counts only when sound: both thirds find the same camera-to-IMU rotation (one rigid
+# phone) and the rate norms correlate; an every-effect session's third once peaked 687 ms off without them
+MAX_RIC_DEG = 5.0
+MIN_CORR = 0.7
 
 
 def offsets_by_third(key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gyro: np.ndarray,
@@ -33,10 +38,14 @@ def offsets_by_third(key_ts: np.ndarray, R_wc: np.ndarray, imu_t: np.ndarray, gy
         ts = key_ts[sel]
         m = (imu_t >= ts[0] + whole - MARGIN) & (imu_t <= ts[-1] + whole + MARGIN)
         try:
-            out.append(align_imu(ts, R_wc[sel], imu_t[m], gyro[m]).offset)
+            out.append(align_imu(ts, R_wc[sel], imu_t[m], gyro[m]))
         except AlignmentError:
             return None
-    return out[0], out[1]
+    a, b = out
+    cos = (np.trace(a.R_ic.T @ b.R_ic) - 1.0) / 2.0
+    if np.degrees(np.arccos(np.clip(cos, -1.0, 1.0))) > MAX_RIC_DEG or min(a.correlation, b.correlation) < MIN_CORR:
+        return None  # a third the gyro does not fit soundly (a wrong peak) says nothing
+    return a.offset, b.offset
 
 
 def dropped_reason(offsets: tuple[float, float] | None, fps: float) -> str | None:
@@ -44,7 +53,7 @@ def dropped_reason(offsets: tuple[float, float] | None, fps: float) -> str | Non
     if offsets is None:
         return None
     drift = offsets[1] - offsets[0]
-    if abs(drift) * fps <= MAX_DRIFT_PERIODS:
+    if drift * fps <= MAX_DRIFT_PERIODS:  # a drop makes every later frame late: the offset only grows
         return None
     return (f"the gyro runs {drift * 1000:+.0f} ms ahead of the images in the last third of the recording against "
             f"the first: about {abs(drift) * fps:.0f} frames were dropped by the camera and there is no video.mov to "

@@ -57,7 +57,10 @@ def _align_on_images(session: Session) -> float | None:
     assert session.imu is not None and session.intrinsics is not None
     fx, fy, cx, cy = session.intrinsics
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
-    return visual_offset(session.frame_paths, session.timestamps, K, session.imu.t, session.imu.gyro)
+    try:
+        return visual_offset(session.frame_paths, session.timestamps, K, session.imu.t, session.imu.gyro)
+    except (OSError, ValueError):  # a frame that does not decode: the encoder names it, the first guess stands
+        return None
 
 
 def _align_on_poses(session: Session, poses: dict[int, np.ndarray]) -> float | None:

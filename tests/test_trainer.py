@@ -21,6 +21,7 @@ import torch
 from shardship.atomic import TMP_SUFFIX, remove_stale_temps
 from shardship.errors import QuotaError, ShardshipError
 from tests.datasets import make_packed
+from tests.procs import children_by_parent
 from train.data import ShardDataset, load_index, split_sessions
 from train.data.partition import epoch_order
 from train.model import checkpoint_bytes
@@ -82,15 +83,7 @@ def _jsonl(path: Path) -> list[dict]:
 def _descendants(pid: int) -> list[int]:
     """All processes below `pid` (torchrun starts each rank in its own session, so
     killing torchrun's process group alone would leave the ranks running)."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children[ppid].append(int(d.name))
+    children = children_by_parent()
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):

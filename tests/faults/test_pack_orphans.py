@@ -15,23 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.procs import children_by_parent
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _children(pid: int) -> list[int]:
     """The live processes whose parent is `pid` (from /proc)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
+    return children_by_parent(live_only=True).get(pid, [])
 
 
 def _alive(pid: int) -> bool:

@@ -107,9 +107,10 @@ def breaks(times: np.ndarray, numbers: np.ndarray, fps: float, step: int = 1) ->
     return (np.diff(numbers) != step) | (dt > (step - 1 + GAP_PERIODS) / fps)
 
 
-def describe_gaps(times: np.ndarray, numbers: np.ndarray, fps: float, step: int = 1, limit: int = 4) -> str:
-    """'3 gaps: after frame 41 (50 ms to frame 42), ...' for warnings and `check`."""
-    br = np.nonzero(breaks(times, numbers, fps, step))[0]
+def describe_gaps(times: np.ndarray, numbers: np.ndarray, cut: np.ndarray, limit: int = 4) -> str:
+    """'3 gaps: after frame 41 (50 ms to frame 42), ...' for warnings and `check`;
+    `cut` is what `breaks` found."""
+    br = np.nonzero(cut)[0]
     parts = [f"after frame {int(numbers[i])} ({(times[i + 1] - times[i]) * 1000:.0f} ms to frame {int(numbers[i + 1])})"
              for i in br[:limit]]
     more = f", and {len(br) - limit} more" if len(br) > limit else ""

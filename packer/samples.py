@@ -80,7 +80,7 @@ def plan_session(session: Session, opts: PackOptions, signature: str) -> Session
     step = max(1, opts.stride)
     cut = breaks(t, np.array(idx), session.fps, step)
     if cut.any():
-        session.warnings.append(f"frames not consecutive in time ({describe_gaps(t, np.array(idx), session.fps, step)})"
+        session.warnings.append(f"frames not consecutive in time ({describe_gaps(t, np.array(idx), cut)})"
                                 ": no action chunk or observation window spans one")
     jv = jt.frame_valid
     poses: np.ndarray | None = None

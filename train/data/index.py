@@ -7,6 +7,7 @@ epoch). Here every per-sample column is one numpy buffer; only per-shard and
 per-session metadata (hundreds of entries, not millions) are Python objects."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,12 +64,17 @@ class ShardIndex:
 
     def joint_mask(self, samples: np.ndarray) -> np.ndarray:
         """(B, J) float32: 1 where the sample's session recorded that joint."""
+        return self._joint_table[self.session[samples]]
+
+    @functools.cached_property
+    def _joint_table(self) -> np.ndarray:
+        """(sessions, J) float32 of `joints_usable`, built once: joint_mask runs per batch."""
         table = np.ones((len(self.session_names), len(self.joints)), np.float32)
         for i, name in enumerate(self.session_names):
             use = self.joints_usable.get(name)
             if use is not None and len(use) == len(self.joints):
                 table[i] = use
-        return table[self.session[samples]]
+        return table
 
     @property
     def n_samples(self) -> int:

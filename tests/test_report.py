@@ -112,7 +112,7 @@ def test_report_page_in_chromium_shows_refused_skipped_and_flagged(dataset: tupl
     # 5 thumbnails + 5 x (trajectory + signals) + 5 x 6 filmstrip frames
     _check_renders(res, 5 + 10 + 30)
     text = " ".join(res.text.split())
-    assert REFUSED in text and "cover 0% of the video: the clocks disagree" in text
+    assert REFUSED in text and "fall outside the video: the clocks disagree" in text
     assert SKIPPED in text and "not packed yet" in text
     # the quota table, the split, and the outlier on the 6x trajectory
     assert "packed data" in text and "checkpoints" in text and "10.0 GB" in text

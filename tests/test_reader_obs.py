@@ -51,7 +51,7 @@ def test_t_minus_1_is_the_previous_frames_jpeg_byte_for_byte(packed: Path) -> No
             frame = int(index.key(i).rsplit("/", 1)[1])
             assert index.key(prev).endswith(f"/{frame - 1:06d}")  # stride 1: the previous raw frame
             jpg_prev = _member(index, prev, "jpg")
-            assert bytes(ds.read_many([prev, i])[0][0]) == jpg_prev  # the bytes the reader decodes
+            assert bytes(ds.files.read_many([prev, i])[0][0]) == jpg_prev  # the bytes the reader decodes
             img = np.asarray(Image.open(io.BytesIO(jpg_prev)).convert("RGB")).transpose(2, 0, 1)
             assert np.array_equal(b["image"][row, 0], img)
             cur = np.asarray(Image.open(io.BytesIO(_member(index, i, "jpg"))).convert("RGB")).transpose(2, 0, 1)

@@ -68,10 +68,17 @@ class ResNet18(nn.Module):
         self.fc = nn.Linear(FEATURES, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        for name in ("layer1", "layer2", "layer3", "layer4"):
-            x = getattr(self, name)(x)
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return self.fc(features(self, x))
+
+
+def features(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """(M, 3, H, W) -> (M, 512): a ResNet18's body, every module but `fc`, in the order
+    of torchvision's ResNet._forward_impl; `net` is torchvision's resnet18 or the copy
+    (the same module names), so `net.fc(features(net, x))` is `net(x)`."""
+    x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        x = getattr(net, name)(x)
+    return torch.flatten(net.avgpool(x), 1)
 
 
 def group_norm(channels: int) -> nn.GroupNorm:

@@ -120,6 +120,8 @@ def model_config(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> dict
 DEVICES = ("auto", "cuda", "mps", "cpu")
 EDGES = ("inside", "mask")  # [train] edges: the reader's sample set (train.data.obs)
 NORMALIZE = ("minmax", "zscore")  # [train] normalize: train.data.normalize's modes
+CACHES = ("auto", "gpu", "host", "off")  # [train] cache: where decoded frames are kept (train.data.cache)
+DECODES = ("auto", "workers", "device")  # [train] decode: where JPEGs are decoded when frames are not cached
 
 def model_table(value: Any, where: str) -> dict[str, Any]:
     """[train.model] as a dict; a value of another shape (`model = "tiny"`) is one line
@@ -176,6 +178,18 @@ class TrainConfig:
     # padded steps masked. (Not `window`: that key already means the shuffle window.)
     edges: str = "inside"
     normalize: str = "minmax"  # "minmax": actions to [-1, 1], proprio z-scored (the user's); "zscore": both
+    # samples drawn as runs of this many consecutive frames, which share their decoded frames (with a
+    # 2-frame window, a run of 2 decodes 3 frames for 2 samples); None: the window's length (1 for tiny)
+    consecutive: int | None = None
+    # decoded frames kept for the whole run: "gpu" (on the device, batches built there), "host"
+    # (shared memory of the node), "off" (decode every step), "auto" (gpu, then host, where they fit)
+    cache: str = "auto"
+    # where JPEGs are decoded when frames are not cached: "workers" (DataLoader workers, CPU),
+    # "device" (nvJPEG through torchvision on CUDA; the workers only read bytes), "auto" (device on CUDA
+    # when torchvision can decode there, else workers)
+    decode: str = "auto"
+    compile: bool = False  # torch.compile the model (the first steps take longer while it compiles)
+    channels_last: bool = True  # image tensors and convolutions in channels-last memory on CUDA
     log_every: int = 10
     amp: bool = True
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cuda | mps | cpu
@@ -233,6 +247,11 @@ class TrainConfig:
             raise ShardshipError(f"{where}: edges must be {' or '.join(EDGES)} (got {self.edges!r})")
         if self.normalize not in NORMALIZE:
             raise ShardshipError(f"{where}: normalize must be {' or '.join(NORMALIZE)} (got {self.normalize!r})")
+        if self.consecutive is not None and int(self.consecutive) < 1:
+            raise ShardshipError(f"{where}: consecutive must be >= 1 (got {self.consecutive})")
+        for k, allowed in (("cache", CACHES), ("decode", DECODES)):
+            if getattr(self, k) not in allowed:
+                raise ShardshipError(f"{where}: {k} must be {', '.join(allowed)} (got {getattr(self, k)!r})")
         if self.device not in DEVICES:
             raise ShardshipError(f"{where}: device must be {', '.join(DEVICES)} (got {self.device!r})")
         parse_duration(self.time_limit)
@@ -240,6 +259,11 @@ class TrainConfig:
     def frames(self) -> int:
         """Observation frames per sample: [train] obs_horizon, else the model's."""
         return int(self.obs_horizon) if self.obs_horizon else int(model_config(self.model)["obs_horizon"])
+
+    def run_length(self) -> int:
+        """Samples drawn together as a run of consecutive frames: [train] consecutive, else the
+        observation window's length."""
+        return int(self.consecutive) if self.consecutive else self.frames()
 
     def merged(self, **overrides: Any) -> TrainConfig:
         """A copy with the non-None overrides (CLI flags) applied."""

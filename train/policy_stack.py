@@ -15,6 +15,8 @@ normalisation, which the pretrained weights expect.
 Frozen backbone (the default, as published: 6.4 M of 17.5 M parameters train): its
 BatchNorm layers stay in eval mode, using ImageNet's running statistics, whatever
 mode the policy is in; training mode would let small robot batches overwrite them.
+Its body (all but the new fc) runs under torch.no_grad(): nothing in it trains, so
+autograd has nothing to record there; fc gets its gradients as before.
 GroupNorm (Chi et al.'s swap, `backbone_norm = "group"`) is for a backbone trained
 from random init (`backbone_weights = "none"`): ImageNet weights were learnt with
 BatchNorm and do not load into it."""
@@ -27,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from train.backbone import FEATURES, load_imagenet, resnet18
+from train.backbone import FEATURES, features, load_imagenet, resnet18
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -87,6 +89,8 @@ class StackObsEncoder(nn.Module):
 
     img_mean: torch.Tensor  # buffers (ImageNet statistics), declared for type checkers
     img_std: torch.Tensor
+    # the prepared images' memory layout (train.step_opts sets channels_last on CUDA); None: as they come
+    memory_format: torch.memory_format | None = None
 
     def __init__(self, cfg: Mapping[str, Any]):
         super().__init__()
@@ -124,11 +128,18 @@ class StackObsEncoder(nn.Module):
             x = F.interpolate(x, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
         if self.training and c["color_jitter"]:
             x = color_jitter(x)
-        return (x - self.img_mean) / self.img_std
+        x = (x - self.img_mean) / self.img_std
+        return x if self.memory_format is None else x.contiguous(memory_format=self.memory_format)
 
     def forward(self, image: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
         b, n = image.shape[0], self.cfg["obs_horizon"]
-        feats = self.backbone(self.prepare(image)).view(b, n, -1)
+        x = self.prepare(image)
+        if self.frozen:  # the body trains nothing: no autograd there; BatchNorm stays in eval (train())
+            with torch.no_grad():
+                x = features(self.backbone, x)
+            feats = self.backbone.fc(x).view(b, n, -1)
+        else:
+            feats = self.backbone(x).view(b, n, -1)
         if proprio is not None and self.cfg["proprio_dim"] > 0:
             p = proprio if proprio.dim() == 3 else proprio.unsqueeze(1)
             feats = torch.cat([feats, fill_window(p.float(), n)], dim=-1)

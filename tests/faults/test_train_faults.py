@@ -424,7 +424,7 @@ def test_reader_blames_the_shard_when_the_file_is_shorter_than_index_json_says(p
     os.truncate(path, path.stat().st_size // 2)
     last = int(ix.starts[0] + ix.counts[0] - 1)
     with pytest.raises(ShardshipError) as e:
-        ds._read(last)
+        ds.files.read(last)
     msg = str(e.value)
     assert ix.shard_names[0] in msg and "index.json says" in msg and "re-upload the shard" in msg, msg
     ds.close()
@@ -439,7 +439,7 @@ def test_reader_blames_index_json_when_the_shard_is_whole(packed: Path, tmp_path
     ix.json_offset = ix.json_offset.copy()
     ix.json_offset[0] = int(ix.shard_bytes[int(ix.shard[0])]) + 10
     with pytest.raises(ShardshipError) as e:
-        ds._read(0)
+        ds.files.read(0)
     msg = str(e.value)
     assert "index.json" in msg and "packer pack" in msg and "re-upload" not in msg, msg
     ds.close()

@@ -1,23 +1,25 @@
 """The streaming reader: an IterableDataset that yields ready-made batches.
 
 Each DataLoader worker computes its own list of batches from (seed, epoch,
-consumed, rank, world_size, worker, num_workers) (see partition.py), then for
-each sample does one positional read (`os.pread`, the jpg and json members are
-adjacent in the tar) and decodes the JPEG with PIL (pillow-simd) straight into a
-preallocated batch array. Workers share nothing and take no locks; the index is
-numpy arrays inherited from the parent.
+consumed, rank, world_size, worker, num_workers) (see partition.py). A batch's
+labels come from the label table parsed once (train.data.labels); its images
+are the distinct frames the batch's observation windows need, each read once
+(neighbours in one `pread`, train.data.shardio) and decoded once straight into
+its slot of a preallocated batch (train.data.decode), then copied to the
+other slots that show the same frame. Workers share nothing and take no locks;
+the index and the labels are numpy arrays inherited from the parent.
+
+`images` says what a batch carries: "decode" (uint8 pixels, decoded here),
+"bytes" (the distinct frames' JPEG bytes, for a decoder on the device:
+train.data.frames), or "none" (labels only: the frames come from a cache).
 
 Shards are checked against index.json (size, then sha256) once per shard per
 process; `verify_shards` does it in the parent before workers fork, so workers
-inherit the result. A shard whose hash differs is refused by name; a shard that is
-shorter than its members say raises a ShardshipError instead of blocking."""
+inherit the result."""
 from __future__ import annotations
 
-import os
 import sys
-from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,63 +28,15 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
-from shardship.hashing import sha256_file
 from shardship.pil import cache_image_buffers
-from train.data import decode, obs, partition
-from train.data.batch import alloc_batch, assemble
-from train.data.decode import decode_jpeg_into, sample_arrays
+from train.data import decode, labels, obs, partition
+from train.data.batch import alloc, alloc_batch, assemble
+from train.data.decode import decode_jpeg_into
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer, obs_summary
+from train.data.shardio import MAX_OPEN_SHARDS, ShardFiles, verify_shard, verify_shards
 
-MAX_OPEN_SHARDS = 32
-_HASH_CHUNK = 4 << 20
-
-# path -> (size, mtime_ns, inode, sha256) of shards this process has hashed.
-_VERIFIED: dict[str, tuple[int, int, int, str]] = {}
-
-
-def _stat_key(path: Path) -> tuple[int, int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def verify_shard(index: ShardIndex, s: int) -> None:
-    """Size then sha256 of shard `s` against the manifest; cached per process."""
-    path = index.shard_path(s)
-    name = index.shard_names[s]
-    expected_sha = index.shard_sha256[s]
-    try:
-        key = _stat_key(path)
-    except FileNotFoundError:
-        zst = path.with_name(path.name + ".zst")
-        hint = (f"only {zst.name} is here: unpack it (`zstd -d {zst.name}`, or re-run `transfer upload`)"
-                if zst.exists() else "re-run `transfer upload` or `packer pack`")
-        raise ShardshipError(f"shard {name} listed in {index.root / 'index.json'} is missing: {hint}") from None
-    cached = _VERIFIED.get(str(path))
-    if cached is not None and cached[:3] == key and cached[3] == expected_sha:
-        return
-    size = key[0]
-    expected_size = int(index.shard_bytes[s])
-    if size != expected_size:
-        what = "truncated" if size < expected_size else "larger than expected"
-        raise ShardshipError(f"shard {name}: {size} bytes on disk, index.json says {expected_size} ({what}): "
-                             "re-upload it (`transfer upload`) or re-pack")
-    got = sha256_file(path, bufsize=_HASH_CHUNK)
-    if got != expected_sha:
-        raise ShardshipError(f"shard {name}: sha256 {got[:16]}... does not match index.json ({expected_sha[:16]}...): "
-                             "the file is corrupt or from another pack; re-upload it (`transfer upload`) or re-pack")
-    _VERIFIED[str(path)] = (*key, got)
-
-
-def verify_shards(index: ShardIndex, progress: bool = False) -> None:
-    """Check every shard once in this process (before DataLoader workers fork)."""
-    from shardship.progress import bar
-
-    b = bar(index.n_shards, "verify shards", "shard", None if progress else False, leave=False)
-    for s in range(index.n_shards):
-        verify_shard(index, s)
-        b.update(1)
-    b.close()
+IMAGES = ("decode", "bytes", "none")
 
 
 class ShardDataset(IterableDataset):
@@ -120,7 +74,7 @@ class ShardDataset(IterableDataset):
 
     def __init__(self, index: ShardIndex, batch_size: int, rank: int = 0, world_size: int = 1, seed: int = 0,
                  window: int = 8, tail: str = "drop", verify: bool = True, obs_horizon: int | None = None,
-                 edges: str = "mask", normalize: str | None = None):
+                 edges: str = "mask", normalize: str | None = None, run_length: int = 1, images: str = "decode"):
         super().__init__()
         if batch_size < 1:
             raise ShardshipError(f"batch_size must be >= 1 (got {batch_size})")
@@ -128,6 +82,8 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"tail must be one of {partition.TAILS}")
         if obs_horizon is not None and int(obs_horizon) < 1:
             raise ShardshipError(f"obs_horizon must be >= 1 (got {obs_horizon})")
+        if images not in IMAGES:
+            raise ValueError(f"images must be one of {IMAGES}")
         self.index = index
         self.obs_horizon = None if obs_horizon is None else int(obs_horizon)
         self.edges = edges
@@ -140,21 +96,31 @@ class ShardDataset(IterableDataset):
         self.world_size = int(world_size)
         self.seed = int(seed)
         self.window = int(window)
+        self.run_length = max(1, int(run_length))
         self.tail = tail
-        self.verify = verify
+        self.images = images
         self.epoch = 0
         self.consumed = 0
         self._counts = np.bincount(index.shard[self.anchors], minlength=index.n_shards).astype(np.int64)
         decode.prepare()  # here, before workers fork: they inherit it
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self.files = ShardFiles(index, verify)
+        self._labels: labels.Labels | None = None
         pstats = (index.stats or {}).get("proprio") or {}
         mean = pstats.get("mean") or []
         self._proprio_fill = np.asarray(mean if len(mean) == index.proprio_dim else np.zeros(index.proprio_dim),
                                         dtype=np.float32)
+        self._joint_fill = np.zeros(index.proprio_dim, np.float32)
         if self.obs_horizon is not None:  # masked joints: the mean, 0 once normalised
             fill = obs_summary(index.stats, self.obs_horizon, index.proprio_dim)["mean"][POSE_DIMS:]
             self._joint_fill = (self.normalizer.proprio_offset[POSE_DIMS:] if self.normalizer is not None
                                 else fill.astype(np.float32))
+
+    @property
+    def labels(self) -> labels.Labels:
+        """Every sample's labels, parsed on first use (`make_loader` asks before workers fork)."""
+        if self._labels is None:
+            self._labels = labels.read_labels(self.files)
+        return self._labels
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -189,11 +155,6 @@ class ShardDataset(IterableDataset):
         """Batches this rank still gets in the current epoch (same on every rank)."""
         return partition.steps_left(self.n_samples, self.consumed, self.world_size, self.batch_size, self.tail)
 
-    def __getstate__(self) -> dict[str, Any]:
-        d = self.__dict__.copy()
-        d["_fds"] = OrderedDict()  # file descriptors never cross a process boundary
-        return d
-
     # ------------------------------------------------------------- iteration
     def my_batches(self, worker: int = 0, num_workers: int = 1) -> np.ndarray:
         batches = partition.rank_batches(self.n_samples, self.consumed, self.world_size, self.rank,
@@ -204,185 +165,103 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         cache_image_buffers()
-        order = partition.epoch_order(self._counts, self.seed, self.epoch, self.window)
+        order = self.order()
         for positions in self.my_batches(worker, num_workers):
             yield self.load_batch(order, positions)
 
-    def load_batch(self, order: np.ndarray, positions: np.ndarray) -> dict[str, torch.Tensor]:
-        """Read and decode the samples at `positions` of the epoch `order`."""
-        ix = self.index
+    def order(self) -> np.ndarray:
+        """This epoch's permutation of the dataset's positions (partition.epoch_order)."""
+        return partition.epoch_order(self._counts, self.seed, self.epoch, self.window, self.run_length)
+
+    def frames_of(self, order: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                           np.ndarray]:
+        """(samples (B,), valid (B,), frames (B, N), obs_mask (B, N)): the batch's
+        samples (a padded position repeats a real one), the sample indices of each
+        one's observation steps (N = 1 for the single-frame layout) and which
+        steps are real frames (0 = a repeat before the run's start)."""
         valid = positions >= 0
         filled = positions.copy()
         filled[~valid] = positions[valid][0] if valid.any() else 0
         samples = self.anchors[order[filled]]
+        if self.obs_horizon is None:
+            return samples, valid, samples[:, None], np.ones((len(samples), 1), np.float32)
+        frames, obs_mask = obs.window(self.index, samples, self.obs_horizon)
+        return samples, valid, frames, obs_mask
+
+    def load_batch(self, order: np.ndarray, positions: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch at `positions` of the epoch `order`: labels, and images as `self.images` says."""
+        samples, valid, frames, obs_mask = self.frames_of(order, positions)
+        b = len(samples)
+        w, h = self.index.image_size
+        if self.obs_horizon is None:
+            lab = labels.single_frame(self.labels, samples, self._proprio_fill)
+            shape: tuple[int, ...] = (b, h, w, 3)
+        else:
+            lab = labels.window(self.labels, samples, frames, self._joint_fill)
+            if self.normalizer is not None:
+                lab["action"] = self.normalizer.normalize_action(lab["action"])
+                lab["proprio"] = self.normalizer.normalize_proprio(lab["proprio"])
+            shape = (b, self.obs_horizon, h, w, 3)
+        t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(
+            self.index, shape if self.images == "decode" else (*shape[:-3], 0, 0, 3), lab["proprio"].shape)
+        for t, k in ((t_prop, "proprio"), (t_act, "action"), (t_mask, "action_mask"), (t_jv, "joints_valid"),
+                     (tail[4], "joints_mask")):
+            t.numpy()[...] = lab[k]
+        extra: dict[str, torch.Tensor] = {"joint_mask": torch.from_numpy(self.index.joint_mask(samples))}
         if self.obs_horizon is not None:
-            return self._load_obs_batch(samples, valid, positions)
-        b = len(samples)
-        w, h = ix.image_size
-        t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(ix, (b, h, w, 3), (b, ix.proprio_dim))
-        images, proprio, action, mask = t_img.numpy(), t_prop.numpy(), t_act.numpy(), t_mask.numpy()
-        jvalid, jmask = t_jv.numpy(), tail[4].numpy()
-        proprio[...] = 0
-        mask[...] = 1
-        jmask[...] = 1
-        for i, si in enumerate(samples.tolist()):
-            jpg, js = self._read(si)
-            self.decode_image(si, jpg, images[i])
-            jvalid[i] = self._decode_json(si, js, proprio[i], action[i], mask[i], jmask[i])
-        self.check_finite(samples, action=action, proprio=proprio)
-        return {**assemble(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
-                "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
-
-    def _load_obs_batch(self, samples: np.ndarray, valid: np.ndarray,
-                        positions: np.ndarray) -> dict[str, torch.Tensor]:
-        """The obs_horizon layout (class docstring): N frames per sample, relative proprio."""
-        ix = self.index
-        assert self.obs_horizon is not None
-        n = self.obs_horizon
-        idx, obs_mask = obs.window(ix, samples, n)
-        b = len(samples)
-        w, h = ix.image_size
-        t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(ix, (b, n, h, w, 3),
-                                                                  (b, n, POSE_DIMS + ix.proprio_dim))
-        images, proprio, action, mask, jvalid, jmask = (t.numpy() for t in (t_img, t_prop, t_act, t_mask, t_jv,
-                                                                             tail[4]))
-        mask[...] = 1
-        jmask[...] = 1
-        for i in range(b):
-            jvalid[i] = obs.load_window(self, idx[i], images[i], proprio[i], action[i], (mask[i], jmask[i]),
-                                        self._joint_fill)
-        self.check_finite(samples, action=action, proprio=proprio)
-        if self.normalizer is not None:
-            action[...] = self.normalizer.normalize_action(action)
-            proprio[...] = self.normalizer.normalize_proprio(proprio)
-        tail[3].numpy()[...] = obs_mask
-        return {**assemble(t_img.permute(0, 1, 4, 2, 3), t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions),
-                "obs_mask": tail[3], "joint_mask": torch.from_numpy(ix.joint_mask(samples))}
-
-    # -------------------------------------------------------------- file I/O
-    def _fd(self, s: int) -> int:
-        fd = self._fds.get(s)
-        if fd is not None:
-            self._fds.move_to_end(s)
-            return fd
-        if self.verify:
-            verify_shard(self.index, s)
-        try:
-            fd = os.open(self.index.shard_path(s), os.O_RDONLY)
-        except FileNotFoundError:
-            raise ShardshipError(f"shard {self.index.shard_names[s]} disappeared from {self.index.root}: "
-                                 "re-upload it (`transfer upload`)") from None
-        self._fds[s] = fd
-        if len(self._fds) > MAX_OPEN_SHARDS:
-            _, old = self._fds.popitem(last=False)
-            os.close(old)
-        return fd
-
-    def _read(self, i: int) -> tuple[memoryview, memoryview]:
-        """(jpg bytes, json bytes) of sample `i`: one pread when the members are adjacent."""
-        ix = self.index
-        s = int(ix.shard[i])
-        fd = self._fd(s)
-        jo, jn, so, sn = int(ix.jpg_offset[i]), int(ix.jpg_size[i]), int(ix.json_offset[i]), int(ix.json_size[i])
-        lo, hi = min(jo, so), max(jo + jn, so + sn)
-        if hi - lo <= jn + sn + 4096:  # adjacent members: one read
-            buf = os.pread(fd, hi - lo, lo)
-            if len(buf) < hi - lo:
-                raise self._truncated(fd, s, i, hi)
-            mv = memoryview(buf)
-            return mv[jo - lo:jo - lo + jn], mv[so - lo:so - lo + sn]
-        out = []
-        for off, n in ((jo, jn), (so, sn)):
-            buf = os.pread(fd, n, off)
-            if len(buf) < n:
-                raise self._truncated(fd, s, i, off + n)
-            out.append(memoryview(buf))
-        return out[0], out[1]
-
-    def read_many(self, idx: list[int]) -> list[tuple[memoryview, memoryview]]:
-        """(jpg, json) of samples `idx` (ascending): one pread when they sit in one
-        shard close together (an observation window), else one per sample."""
-        ix = self.index
-        s = int(ix.shard[idx[0]])
-        if len(idx) == 1 or any(int(ix.shard[i]) != s for i in idx):
-            return [self._read(i) for i in idx]
-        lo = min(int(ix.jpg_offset[idx[0]]), int(ix.json_offset[idx[0]]))
-        hi = max(int(ix.jpg_offset[i] + ix.jpg_size[i]) for i in idx)
-        hi = max(hi, max(int(ix.json_offset[i] + ix.json_size[i]) for i in idx))
-        if hi - lo > int(sum(ix.jpg_size[i] + ix.json_size[i] for i in idx)) + 4096 * len(idx):
-            return [self._read(i) for i in idx]
-        fd = self._fd(s)
-        buf = os.pread(fd, hi - lo, lo)
-        if len(buf) < hi - lo:
-            raise self._truncated(fd, s, idx[-1], hi)
-        mv = memoryview(buf)
-        out = []
-        for i in idx:
-            jo, so = int(ix.jpg_offset[i]) - lo, int(ix.json_offset[i]) - lo
-            out.append((mv[jo:jo + int(ix.jpg_size[i])], mv[so:so + int(ix.json_size[i])]))
+            tail[3].numpy()[...] = obs_mask
+            extra["obs_mask"] = tail[3]
+        if self.images == "decode":
+            self.decode_frames(frames, t_img.numpy().reshape(-1, h, w, 3))
+            if self.obs_horizon is not None:
+                t_img = t_img.permute(0, 1, 4, 2, 3)
+        elif self.images == "bytes":
+            extra.update(self.frame_bytes(frames))
+        out = {**assemble(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions), **extra}
+        if self.images != "decode":
+            del out["image"]
         return out
 
-    def _truncated(self, fd: int, s: int, i: int, need: int) -> ShardshipError:
-        """A read came up short: say which file is wrong. The shard shorter than
-        index.json says -> re-upload the shard; the shard as long as index.json says
-        but a sample reaching past it -> index.json is inconsistent -> re-pack."""
-        name, expected = self.index.shard_names[s], int(self.index.shard_bytes[s])
-        size = os.fstat(fd).st_size
-        if size < expected:
-            return ShardshipError(f"shard {name} is truncated: {size} bytes on disk, index.json says {expected}: "
-                                  "re-upload the shard (`transfer upload`)")
-        return ShardshipError(f"{self.index.root / 'index.json'}: sample {self.index.key(i)} needs bytes up to {need} "
-                              f"of shard {name}, which has the {size} bytes index.json gives it: index.json is "
-                              "inconsistent; re-run `packer pack`")
+    def decode_frames(self, frames: np.ndarray, out: np.ndarray) -> None:
+        """Decode each distinct frame of `frames` (B, N) once into its first slot of
+        `out` (B*N, H, W, 3), then copy it to the other slots that show it."""
+        uniq, first, inverse = np.unique(frames.ravel(), return_index=True, return_inverse=True)
+        for i, k, jpg in zip(uniq.tolist(), first.tolist(), self.files.read_frames(uniq.tolist()), strict=True):
+            self.decode_image(i, jpg, out[k])
+        src = first[inverse]
+        dup = np.flatnonzero(src != np.arange(len(src)))
+        if len(dup):
+            out[dup] = out[src[dup]]
 
+    def frame_bytes(self, frames: np.ndarray) -> dict[str, torch.Tensor]:
+        """The distinct frames' JPEG bytes, concatenated ("jpeg", "jpeg_offsets": U+1),
+        and which of them each slot shows ("frame_slots": the shape of `frames`)."""
+        uniq, inverse = np.unique(frames.ravel(), return_inverse=True)
+        jpgs = self.files.read_frames(uniq.tolist())
+        sizes = np.array([len(j) for j in jpgs], np.int64)
+        t_bytes, t_off, t_slots = alloc([((int(sizes.sum()),), torch.uint8), ((len(jpgs) + 1,), torch.int64),
+                                        (frames.shape, torch.int64)])
+        off = t_off.numpy()
+        off[0] = 0
+        np.cumsum(sizes, out=off[1:])
+        flat = t_bytes.numpy()
+        for j, a in zip(jpgs, off[:-1].tolist(), strict=True):
+            flat[a:a + len(j)] = np.frombuffer(j, np.uint8)
+        t_slots.numpy()[...] = inverse.reshape(frames.shape)
+        return {"jpeg": t_bytes, "jpeg_offsets": t_off, "frame_slots": t_slots}
+
+    # -------------------------------------------------------------- decoding
     def decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:
         try:
             decode_jpeg_into(jpg, out)
         except (OSError, ValueError, SyntaxError) as e:
             raise self.bad(i, f"JPEG does not decode ({e})") from None
 
-    def _decode_json(self, i: int, js: memoryview, proprio: np.ndarray, action: np.ndarray,
-                     mask: np.ndarray, jmask: np.ndarray) -> float:
-        """Fill one sample's arrays; returns 1.0 when its joints are real, 0.0 when
-        masked (no glove): its proprio is then the dataset mean (0 once normalised)."""
-        try:
-            d = sample_arrays(bytes(js), action.shape[0], action.shape[1], proprio.shape[0])
-        except (ValueError, TypeError, UnicodeDecodeError, AttributeError) as e:
-            raise self.bad(i, f"sample JSON does not match index.json ({e})") from None
-        action[...] = d["action"]
-        if d["action_mask"] is not None:
-            mask[...] = d["action_mask"]
-        if d["joints_mask"] is not None:
-            jmask[...] = d["joints_mask"]
-        if not d["joints_valid"]:
-            proprio[...] = self._proprio_fill
-            return 0.0
-        if d["proprio"] is not None:
-            proprio[...] = d["proprio"]
-        return 1.0
-
-    def check_finite(self, samples: np.ndarray, **arrays: np.ndarray) -> None:
-        """A NaN/inf in a sample would turn the weights into NaN: refuse it here, by
-        its key, before it reaches a gradient (and so a checkpoint). One check per
-        batch (arrays lead with the batch axis, `samples` names their rows)."""
-        for name, batch in arrays.items():
-            if not np.isfinite(batch).all():
-                first = [int(x) for x in np.argwhere(~np.isfinite(batch))[0]]
-                i, a, at = int(samples[first[0]]), batch[first[0]], tuple(first[1:])
-                s = int(self.index.shard[i])
-                raise ShardshipError(
-                    f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {name}{list(at)} is "
-                    f"{a[at]}: the session's poses/joints hold NaN or inf; fix or drop the session, re-run "
-                    "`packer pack`")
-
     def bad(self, i: int, reason: str) -> ShardshipError:
-        s = int(self.index.shard[i])
-        return ShardshipError(f"shard {self.index.shard_names[s]}: sample {self.index.key(i)}: {reason}; re-pack")
+        return self.files.bad(i, reason)
 
     def close(self) -> None:
-        while self._fds:
-            _, fd = self._fds.popitem()
-            os.close(fd)
+        self.files.close()
 
 
 def make_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool = False,
@@ -391,6 +270,7 @@ def make_loader(dataset: ShardDataset, num_workers: int, pin_memory: bool = Fals
     each picks up the dataset's current (epoch, consumed). `seed` gives the loader
     its own generator: creating an iterator then draws nothing from the global
     torch RNG, so a resumed run's random stream matches an uninterrupted one."""
+    dataset.labels  # noqa: B018 - parsed here, before the workers fork: they share it
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     # fork (Linux): workers share the parent's index pages and its verified-shard
     # cache; Python 3.14 would otherwise default to forkserver and re-hash shards
@@ -422,4 +302,5 @@ def sample_keys(index: ShardIndex, indices: torch.Tensor | np.ndarray) -> list[s
     return [index.key(int(i)) for i in np.asarray(indices).tolist()]
 
 
-__all__ = ["ShardDataset", "make_loader", "verify_shard", "verify_shards", "unwrap_worker_error", "sample_keys"]
+__all__ = ["MAX_OPEN_SHARDS", "ShardDataset", "make_loader", "verify_shard", "verify_shards", "unwrap_worker_error",
+           "sample_keys"]

@@ -32,25 +32,43 @@ import numpy as np
 TAILS = ("drop", "pad")
 
 
-def epoch_order(counts: np.ndarray, seed: int, epoch: int, window: int = 8) -> np.ndarray:
+def epoch_order(counts: np.ndarray, seed: int, epoch: int, window: int = 8, run: int = 1) -> np.ndarray:
     """Permutation (int64) of `sum(counts)` shard-major sample indices for one epoch.
 
     `counts[s]` samples of shard `s` are the indices `starts[s] ... starts[s]+counts[s]-1`.
-    Deterministic in (counts, seed, epoch, window)."""
+    With `run` > 1 the shuffle moves runs of `run` consecutive samples of one shard
+    (the last run of a shard may be shorter) and keeps each run's samples together
+    and in order: consecutive frames share observation frames, which a batch then
+    decodes once. `run=1` is the plain per-sample shuffle.
+    Deterministic in (counts, seed, epoch, window, run)."""
     counts = np.asarray(counts, dtype=np.int64)
     if seed < 0 or epoch < 0:
         raise ValueError("seed and epoch must be >= 0")
     rng = np.random.default_rng([int(seed), int(epoch)])
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     shard_order = rng.permutation(len(counts))
-    window = max(1, int(window))
+    window, run = max(1, int(window)), max(1, int(run))
     parts = []
     for i in range(0, len(shard_order), window):
         group = shard_order[i:i + window]
-        idx = np.concatenate([np.arange(starts[s], starts[s] + counts[s], dtype=np.int64) for s in group])
-        rng.shuffle(idx)
-        parts.append(idx)
+        if run == 1:
+            idx = np.concatenate([np.arange(starts[s], starts[s] + counts[s], dtype=np.int64) for s in group])
+            rng.shuffle(idx)
+            parts.append(idx)
+            continue
+        first = np.concatenate([np.arange(starts[s], starts[s] + counts[s], run, dtype=np.int64) for s in group])
+        end = np.concatenate([np.minimum(np.arange(starts[s], starts[s] + counts[s], run, dtype=np.int64) + run,
+                                         starts[s] + counts[s]) for s in group])
+        perm = rng.permutation(len(first))
+        parts.append(_expand(first[perm], end[perm]))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _expand(first: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The ranges first[k] .. end[k]-1, concatenated in order."""
+    lengths = end - first
+    offsets = np.repeat(first - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + offsets
 
 
 def steps_left(n: int, consumed: int, world_size: int, batch_size: int, tail: str = "drop") -> int:

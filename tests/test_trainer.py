@@ -151,7 +151,7 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
     index = load_index(packed)
     train_names, _ = split_sessions(index.sessions_present(), 0.1, 3)
     train_ix = index.select_sessions(train_names)
-    train_ds = ShardDataset(train_ix, 8, obs_horizon=2, edges="inside")  # the windows the run trains on
+    train_ds = ShardDataset(train_ix, 8, obs_horizon=2, edges="inside", run_length=2)  # the windows the run trains on
     n_train = train_ds.n_samples
     assert n_train < train_ix.n_samples  # frames whose window leaves the session are not trained on
     g = 2 * 8
@@ -193,7 +193,7 @@ def test_torchrun_two_ranks_sigkill_and_resume(packed: Path, tmp_path: Path) -> 
     for epoch, positions in by_epoch.items():
         steps = min(per_epoch, total - epoch * per_epoch)  # the last epoch may be cut by `steps`
         assert sorted(positions) == list(range(steps * g)), f"epoch {epoch}: a sample repeated or skipped"
-    order = train_ds.anchors[epoch_order(train_ds._counts, 3, reader["epoch"], 8)]
+    order = train_ds.anchors[epoch_order(train_ds._counts, 3, reader["epoch"], 8, run=2)]
     killed_epoch = [i for r in range(2) for d in _jsonl(out / "samples" / f"rank{r}.jsonl")
                     if d["epoch"] == reader["epoch"] for i in d["index"]]
     assert sorted(killed_epoch) == sorted(order[:per_epoch * g].tolist())

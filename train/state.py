@@ -95,7 +95,8 @@ def make_dataset(ix: ShardIndex, cfg: TrainConfig, d: ddp.Dist, tail: str) -> Sh
     """The reader the trainer uses: raw units (the model normalises), cfg's
     obs_horizon; validation (tail="pad") scores every frame, edges masked."""
     return ShardDataset(ix, cfg.batch_size, d.rank, d.world_size, seed=int(cfg.seed), window=cfg.window, tail=tail,
-                        obs_horizon=cfg.frames(), edges=cfg.edges if tail == "drop" else "mask")
+                        obs_horizon=cfg.frames(), edges=cfg.edges if tail == "drop" else "mask",
+                        run_length=cfg.run_length() if tail == "drop" else 1)
 
 
 @dataclass(eq=False)
@@ -134,6 +135,8 @@ class RunState:
     samples: IO[str] | None = None  # samples/rankN.jsonl, with log_samples
     plot_warned: bool = False  # loss.png failed once and said so
     foreign: set[str] = field(default_factory=set)  # step files not this run's, which retention leaves
+    feed: Any = None  # train.feed.Feed: how the training batches reach the device, set before the first step
+    val_ds: ShardDataset | None = None  # the validation reader, made at the first validation
 
     @property
     def device(self) -> torch.device:

@@ -43,6 +43,7 @@ from train import ddp
 from train.checkpoint import checkpoint_payload, load_checkpoint, os_error_in, save_checkpoint, space_error
 from train.config import TrainConfig, parse_duration
 from train.data import make_loader
+from train.feed import open_feed
 from train.metrics import METRICS, plot_metrics
 from train.optim import EMA, lr_at, lr_lambda, make_optimizer, make_scheduler
 from train.runtime import (
@@ -125,6 +126,7 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
         return run.result(None)
 
     open_logs(run)
+    run.feed = open_feed(run.train_ds, cfg, run.device, d, progress=progress and d.is_main)
     if d.is_main:
         val_samples = run.val_ix.n_samples if run.val_ix else 0
         amp = f", {str(run.dtype).replace('torch.', '')}" if run.dtype else ""
@@ -173,8 +175,7 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: Any) -> tuple[str | None
     last_saved = run.step if run.resumed_from is not None else -1
     run.model.train()
     while run.step < end and stopped is None:
-        epoch_batches = batches(make_loader(run.train_ds, cfg.num_workers, run.device.type == "cuda",
-                                            seed=int(cfg.seed) * 1_000_003 + run.train_ds.epoch))
+        epoch_batches = run.feed.epoch(run.train_ds, seed=int(cfg.seed) * 1_000_003 + run.train_ds.epoch)
         t_wait = time.perf_counter()
         for batch in epoch_batches:
             win.wait += time.perf_counter() - t_wait
@@ -258,7 +259,10 @@ def _validate(run: RunState) -> float | None:
     if run.val_ix is None:
         return None
     cfg, d, device = run.cfg, run.d, run.device
-    ds = make_dataset(run.val_ix, cfg, d, "pad")
+    if run.val_ds is None:
+        run.val_ds = make_dataset(run.val_ix, cfg, d, "pad")
+    ds = run.val_ds
+    ds.set_state(0, 0)
     gen = torch.Generator(device=device).manual_seed(int(cfg.seed) * 7919 + d.rank)
     num = torch.zeros(2, device=device, dtype=torch.float64)
     run.ema.module.eval()

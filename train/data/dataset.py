@@ -217,6 +217,8 @@ class ShardDataset(IterableDataset):
                 t_img = t_img.permute(0, 1, 4, 2, 3)
         elif self.images == "bytes":
             extra.update(self.frame_bytes(frames))
+        else:
+            extra["frames"] = torch.from_numpy(frames)  # for a cache (train.data.cache) to gather
         out = {**assemble(t_img, t_prop, t_act, t_mask, t_jv, tail, valid, samples, positions), **extra}
         if self.images != "decode":
             del out["image"]
@@ -235,12 +237,13 @@ class ShardDataset(IterableDataset):
 
     def frame_bytes(self, frames: np.ndarray) -> dict[str, torch.Tensor]:
         """The distinct frames' JPEG bytes, concatenated ("jpeg", "jpeg_offsets": U+1),
-        and which of them each slot shows ("frame_slots": the shape of `frames`)."""
+        which of them each slot shows ("frame_slots": the shape of `frames`) and
+        their sample indices ("jpeg_samples", to name one that does not decode)."""
         uniq, inverse = np.unique(frames.ravel(), return_inverse=True)
         jpgs = self.files.read_frames(uniq.tolist())
         sizes = np.array([len(j) for j in jpgs], np.int64)
-        t_bytes, t_off, t_slots = alloc([((int(sizes.sum()),), torch.uint8), ((len(jpgs) + 1,), torch.int64),
-                                        (frames.shape, torch.int64)])
+        t_bytes, t_off, t_slots, t_uniq = alloc([((int(sizes.sum()),), torch.uint8), ((len(jpgs) + 1,), torch.int64),
+                                                 (frames.shape, torch.int64), ((len(jpgs),), torch.int64)])
         off = t_off.numpy()
         off[0] = 0
         np.cumsum(sizes, out=off[1:])
@@ -248,7 +251,8 @@ class ShardDataset(IterableDataset):
         for j, a in zip(jpgs, off[:-1].tolist(), strict=True):
             flat[a:a + len(j)] = np.frombuffer(j, np.uint8)
         t_slots.numpy()[...] = inverse.reshape(frames.shape)
-        return {"jpeg": t_bytes, "jpeg_offsets": t_off, "frame_slots": t_slots}
+        t_uniq.numpy()[...] = uniq
+        return {"jpeg": t_bytes, "jpeg_offsets": t_off, "frame_slots": t_slots, "jpeg_samples": t_uniq}
 
     # -------------------------------------------------------------- decoding
     def decode_image(self, i: int, jpg: memoryview, out: np.ndarray) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from shardship.cliopts import config_option, friendly_errors, tool_group
-from train.config import DEVICES, EDGES, NORMALIZE, PRESETS  # torch-free: `train --help` stays fast
+from train.config import CACHES, DECODES, DEVICES, EDGES, NORMALIZE, PRESETS  # torch-free: `train --help` stays fast
 
 _errors = friendly_errors(interrupted="interrupted: run the same command again to resume from the last checkpoint")
 
@@ -64,26 +64,27 @@ def main() -> None:
               help="Windows inside the session only (default), or every frame with padded steps masked.")
 @click.option("--normalize", type=click.Choice(NORMALIZE), default=None,
               help="minmax (default): actions to [-1, 1], proprio z-scored; zscore: both z-scored.")
+@click.option("--cache", type=click.Choice(CACHES), default=None,
+              help="Decoded frames kept for the run: auto (default: gpu, then host, where they fit), gpu, host "
+                   "(one copy per node), off (decode every step).")
+@click.option("--decode", type=click.Choice(DECODES), default=None,
+              help="Without a cache: JPEGs decoded by the DataLoader workers, or on the device (nvJPEG; "
+                   "auto, the default: on CUDA where torchvision can).")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="torch.compile the model (default off; the first steps are slower while it compiles).")
 @click.option("--log-samples", is_flag=True, default=None, help="Write samples/rankN.jsonl (sample ids per step).")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue from OUT/last.pt if present.")
 @click.option("--quiet", is_flag=True,
               help="No progress output (default: a bar on a terminal, else a plain line per ~10% or per minute).")
 @_errors
 def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps: int | None, resume: bool,
-        preset: str | None, backbone_weights: str | None, quiet: bool, **overrides: Any) -> None:
+        preset: str | None, backbone_weights: str | None, quiet: bool, compile_: bool | None,
+        **overrides: Any) -> None:
     """Train the diffusion policy on the packed shards (resumes automatically)."""
-    from shardship.config import load_config
-    from train.config import TrainConfig
-
-    cfg = load_config(config_path)
-    where = f"{cfg.path or 'shardship.toml'} [train]"
     overrides["time_limit"] = _from_job_start(overrides.get("time_limit"))
-    tc = TrainConfig.from_dict(cfg.train, where).merged(**overrides)
+    cfg, tc = _train_config(config_path, preset, backbone_weights, compile=compile_, **overrides)
     from train.trainer import train  # torch: after the config's one-line errors, which need none of it
-    if preset:
-        tc.model = {**tc.model, "preset": preset}
-    if backbone_weights:
-        tc.model = {**tc.model, "backbone_weights": backbone_weights}
+
     data = data or cfg.packed
     out = out or cfg.outputs
     try:
@@ -111,6 +112,50 @@ def run(data: Path | None, out: Path | None, config_path: Path | None, max_steps
         click.echo(f"curves: {out}/loss.png, metrics: {out}/metrics.jsonl, TensorBoard: tensorboard --logdir {out}")
     if res.stopped == "SIGINT":
         sys.exit(130)  # ctrl-C: checkpointed, but the run did not finish (`train run && next` must not go on)
+
+
+def _train_config(config_path: Path | None, preset: str | None, backbone_weights: str | None,
+                  **overrides: Any) -> tuple[Any, Any]:
+    """(shardship.toml, its [train] with the command line's overrides and model options)."""
+    from shardship.config import load_config
+    from train.config import TrainConfig
+
+    cfg = load_config(config_path)
+    tc = TrainConfig.from_dict(cfg.train, f"{cfg.path or 'shardship.toml'} [train]").merged(**overrides)
+    if preset:
+        tc.model = {**tc.model, "preset": preset}
+    if backbone_weights:
+        tc.model = {**tc.model, "backbone_weights": backbone_weights}
+    return cfg, tc
+
+
+@main.command(name="bench")
+@click.option("--data", type=click.Path(path_type=Path), default=None,
+              help="Packed dir with index.json (default: [paths] packed, data/packed).")
+@config_option()
+@click.option("--model", "preset", type=click.Choice(list(PRESETS)), default=None,
+              help="Model preset, as for `train run` (default: the config's, else small).")
+@click.option("--backbone-weights", default=None, help="stack: as for `train run` (default hub; none: random).")
+@click.option("--batch-size", type=int, default=None, help="Per-rank batch size, as for `train run`.")
+@click.option("--num-workers", type=int, default=None, help="DataLoader workers of the streaming reader.")
+@click.option("--device", type=click.Choice(DEVICES), default=None, help="auto (default): cuda, then mps, then cpu.")
+@click.option("--cache", type=click.Choice(CACHES), default=None,
+              help="The cache measured and used together (default auto; off: measure streaming only together).")
+@click.option("--decode", type=click.Choice(DECODES), default=None, help="Where the streaming reader decodes JPEGs.")
+@click.option("--amp/--no-amp", default=None, help="bf16 autocast on CUDA (default on).")
+@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model (default off).")
+@click.option("--seconds", type=click.FloatRange(1), default=10, show_default=True,
+              help="Length of each of the four measurements.")
+@click.option("--quiet", is_flag=True, help="No progress output (the results are printed all the same).")
+@_errors
+def bench_cmd(data: Path | None, config_path: Path | None, preset: str | None, backbone_weights: str | None,
+              seconds: float, quiet: bool, compile_: bool | None, **overrides: Any) -> None:
+    """Measure the reader, the frame cache, the model's step and all together on this machine; say which to use."""
+    cfg, tc = _train_config(config_path, preset, backbone_weights, compile=compile_, **overrides)
+    from train.bench import bench  # torch: after the config's one-line errors
+
+    for line in bench(data or cfg.packed, tc, seconds=seconds, progress=not quiet):
+        click.echo(line)
 
 
 def _from_job_start(limit: str | None) -> str | None:

@@ -44,7 +44,6 @@ class Feed:
     def epoch(self, ds: ShardDataset, seed: int | None = None) -> Generator[dict[str, torch.Tensor], None, None]:
         """The rest of `ds`'s current epoch, batch by batch (closing it stops the workers)."""
         if self.cache is not None:
-            ds.images = "none"
             yield from cached_epoch(ds, self.cache, self.device)
             return
         ds.images = "bytes" if self.on_device else "decode"
@@ -60,6 +59,7 @@ class Feed:
 def cached_epoch(ds: ShardDataset, cache: frame_cache.FrameCache,
                  device: torch.device) -> Generator[dict[str, torch.Tensor], None, None]:
     """`ds`'s batches (labels only, images="none") with their frames from `cache`."""
+    ds.images = "none"
     order = ds.order()
     for positions in ds.my_batches(0, 1):
         b = ds.load_batch(order, positions)

@@ -57,6 +57,7 @@ from train.runtime import (
     take_output_lock,
     to_device,
 )
+from train.speed import Rate, summary_lines, verdict
 from train.state import (
     RunResult,
     RunState,
@@ -152,6 +153,24 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
     return run.result(stopped)
 
 
+SPEED_AFTER_S = 60.0  # the speed summary goes into the log after this much training
+
+
+@dataclass
+class _FirstMinute:
+    """Sums over the run's first SPEED_AFTER_S seconds of steps, for the speed summary."""
+
+    samples: int = 0
+    wait: float = 0.0
+    seconds: float = 0.0
+    done: bool = False
+
+    def add(self, win: _Window, samples: int, seconds: float) -> None:
+        self.samples += samples
+        self.wait += win.wait
+        self.seconds += seconds
+
+
 @dataclass
 class _Window:
     """Running sums of one logging window; all-reduced and reset when it closes."""
@@ -171,6 +190,7 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: Any) -> tuple[str | None
     Returns (why it stopped early, or None; the last step checkpointed)."""
     cfg = run.cfg
     win = _Window(torch.zeros((), device=run.device, dtype=torch.float64))
+    first = _FirstMinute()
     stopped: str | None = None
     last_saved = run.step if run.resumed_from is not None else -1
     run.model.train()
@@ -181,6 +201,9 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: Any) -> tuple[str | None
             win.wait += time.perf_counter() - t_wait
             lr_used, gnorm = _train_step(run, batch, win)
             if run.step % cfg.log_every == 0 or run.step >= end:
+                if not first.done:
+                    first.add(win, win.steps * cfg.batch_size, time.perf_counter() - win.t0)
+                    _speed_summary(run, first)
                 stopped = _close_window(run, win, lr_used, gnorm, stop, bar)
             bar.update(1)
 
@@ -204,6 +227,21 @@ def _loop(run: RunState, end: int, stop: StopFlag, bar: Any) -> tuple[str | None
 
 def _train_step(run: RunState, batch: dict[str, torch.Tensor], win: _Window) -> tuple[float, torch.Tensor]:
     """One optimizer step on `batch`; returns (the LR it used, the gradient norm)."""
+    loss, gnorm, lr_used = update(run, batch)
+    run.step += 1
+    run.train_ds.consumed += run.global_batch
+    win.loss += loss.detach().double()
+    win.steps += 1
+    if run.samples is not None:
+        run.samples.write(json.dumps({"step": run.step, "epoch": run.train_ds.epoch,
+                                      "position": batch["position"].tolist(),
+                                      "index": batch["index"].tolist()}) + "\n")
+    return lr_used, gnorm
+
+
+def update(run: RunState, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The step's work (also what `train bench` times): forward under autocast, backward,
+    clip, AdamW, LR schedule, EMA. Returns (loss, gradient norm, the LR used)."""
     b = to_device(batch, run.device)
     with autocast(run.device, run.dtype):
         loss = run.net(b)
@@ -216,15 +254,7 @@ def _train_step(run: RunState, batch: dict[str, torch.Tensor], win: _Window) -> 
     run.scaler.update()
     run.sched.step()
     run.ema.update(run.model)
-    run.step += 1
-    run.train_ds.consumed += run.global_batch
-    win.loss += loss.detach().double()
-    win.steps += 1
-    if run.samples is not None:
-        run.samples.write(json.dumps({"step": run.step, "epoch": run.train_ds.epoch,
-                                      "position": batch["position"].tolist(),
-                                      "index": batch["index"].tolist()}) + "\n")
-    return lr_used, gnorm
+    return loss, gnorm, lr_used
 
 
 def _close_window(run: RunState, win: _Window, lr_used: float, gnorm: torch.Tensor, stop: StopFlag,
@@ -252,6 +282,24 @@ def _close_window(run: RunState, win: _Window, lr_used: float, gnorm: torch.Tens
         raise ShardshipError(f"training loss is {mean_loss} at step {run.step}: lower lr (now {run.cfg.lr}) "
                              f"or raise warmup; {run.last_good()}")
     return stopped
+
+
+def _speed_summary(run: RunState, first: _FirstMinute) -> None:
+    """Once SPEED_AFTER_S seconds of steps are done: what fed the device and who set
+    the pace, in `train bench`'s words (train.speed), near the top of the log."""
+    if first.seconds < SPEED_AFTER_S:
+        return
+    first.done = True
+    if not run.d.is_main:
+        return
+    feed = run.feed
+    name = "loader cache" if feed.cache is not None else "loader streaming"
+    model, together = Rate(first.samples, first.seconds - first.wait), Rate(first.samples, first.seconds, first.wait)
+    lines = summary_lines((name, None, f"{feed.mode}: {feed.why}"), model, together,
+                          "this rank's steps, the time not spent waiting for data")
+    lines.append(f"choice: cache = \"{run.cfg.cache}\": {verdict(model, together, feed.mode)}")
+    tqdm.write(f"speed over the first {first.seconds:.0f} s (rank 0):\n  " + "\n  ".join(lines))
+    run.log({"step": run.step, "speed": lines})
 
 
 def _validate(run: RunState) -> float | None:

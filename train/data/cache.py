@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,23 +91,51 @@ def choose(setting: str, nbytes: int, device: torch.device) -> tuple[str, str]:
                    "the node): streaming from the shards")
 
 
-@dataclass
 class FrameCache:
     """(F, H, W, 3) uint8 frames, row = sample index, on `frames.device`."""
 
-    frames: torch.Tensor
-    where: str  # "gpu" | "host"
-    seconds: float  # time taken to fill it
+    RING = 3  # pinned staging buffers for a host cache feeding a GPU
+
+    def __init__(self, frames: torch.Tensor, where: str, seconds: float) -> None:
+        self.frames = frames
+        self.where = where  # "gpu" | "host"
+        self.seconds = seconds  # time taken to fill it
+        self._rows = frames.numpy().reshape(len(frames), -1) if frames.device.type == "cpu" else None
+        self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._turn = 0
 
     def gather(self, idx: np.ndarray, device: torch.device) -> torch.Tensor:
-        """(..., H, W, 3) frames of sample indices `idx`, on `device`."""
-        ix = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
-        if self.frames.device.type != "cpu":
-            return self.frames[ix.to(self.frames.device, non_blocking=True)]
-        out = self.frames[ix]
-        if device.type == "cuda":
-            return out.pin_memory().to(device, non_blocking=True)
+        """(*idx.shape, H, W, 3) frames of sample indices `idx`, on `device`. On
+        the host, rows are copied with numpy's take (memcpy per frame: ~8 GB/s here,
+        where torch's advanced indexing of uint8 images ran at ~0.6 GB/s)."""
+        shape = (*idx.shape, *self.frames.shape[1:])
+        if self._rows is None:
+            ix = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64).ravel()).to(self.frames.device)
+            return self.frames.index_select(0, ix).view(shape)
+        flat = np.ascontiguousarray(idx, dtype=np.int64).ravel()
+        if device.type != "cuda":
+            return torch.from_numpy(np.take(self._rows, flat, axis=0)).view(shape)
+        buf = self._staging(len(flat))
+        np.take(self._rows, flat, axis=0, out=buf.numpy()[:len(flat)], mode="clip")
+        out = buf[:len(flat)].to(device, non_blocking=True).view(shape)
+        event = torch.cuda.Event()
+        event.record()
+        self._ring[self._turn - 1] = (buf, event)
         return out
+
+    def _staging(self, n: int) -> torch.Tensor:
+        """The next pinned buffer of the ring, once the copy it last fed has finished."""
+        if len(self._ring) < self.RING:
+            self._ring.append((torch.empty((0, 0), dtype=torch.uint8), None))
+        k = self._turn % self.RING
+        self._turn = k + 1
+        buf, event = self._ring[k]
+        if event is not None:
+            event.synchronize()
+        if buf.shape[0] < n:
+            buf = torch.empty((n, self._rows.shape[1] if self._rows is not None else 0),
+                              dtype=torch.uint8).pin_memory()
+        return buf
 
 
 def build(ds: ShardDataset, where: str, device: torch.device, d: Dist | None = None,

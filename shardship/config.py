@@ -44,6 +44,15 @@ class PackOptions:
                                  "100 KiB (--shard-mb 0.1; the default, 8 MiB, suits most file systems)")
 
 
+class DefaultSize(str):
+    """A size the config does not give: the built-in default, so a tool may add to it what it
+    knows the job needs (`train submit` adds the decoded-frame cache to the memory it asks
+    for); a size the user wrote, in the config or by hand, is taken as written."""
+
+
+DEFAULT_MEM = DefaultSize("32G")
+
+
 @dataclass
 class ClusterConfig:
     name: str
@@ -56,7 +65,7 @@ class ClusterConfig:
     nodes: int = 1
     gpus: int = 1
     cpus: int = 4
-    mem: str = "32G"
+    mem: str = DEFAULT_MEM  # per node; the default is a DefaultSize (`train submit` may add to it)
     time: str = "12:00:00"
     gpu_c: str | None = None
     gpu_type: str | None = None

@@ -58,3 +58,22 @@ def make_packed(root: Path, sessions: int = 3, frames: int = 60, seed: int = 0, 
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def index_doc(sessions: dict[str, tuple[int, int]], size: int | list[int] = 224,
+              content: dict[str, str] | None = None) -> dict:
+    """A valid index.json document without shard files: per session (posed, unposed) sample
+    counts, the posed ones (has_action) first; `content` names content keys (one recording).
+    For sizing arithmetic (train.cachesize, budget, job memory), not for reading frames."""
+    from shardship.format import index as fmt
+
+    doc = fmt.empty({"horizon": 16, "size": size}, "test")
+    doc.update(action_dim=9, joints=[])
+    for s, (name, (posed, unposed)) in enumerate(sorted(sessions.items())):
+        rows = [[f"{name}/{i:06d}", 1024 * i, 100, 1024 * i + 512, 50, int(i < posed)]
+                for i in range(posed + unposed)]
+        doc["shards"].append({"name": f"shard-{s:06d}.tar", "bytes": 1024 * (len(rows) + 1), "sha256": "0" * 64,
+                              "session": name, "samples": rows})
+        doc["sessions"][name] = {"frames": posed + unposed, **({"content_key": content[name]}
+                                                                if content and name in content else {})}
+    return doc

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from shardship.units import parse_size
-from train.budget import BudgetInputs, compute
+from train.budget import BudgetInputs, compute, render
 
 G = 1024**3
 M = 1024**2
@@ -100,3 +100,90 @@ def test_budget_and_job_check_count_the_trainers_peak_checkpoints():
     b = compute(BudgetInputs(packed_bytes=0, packed_files=0, checkpoint_bytes=M, keep=0, quota_bytes=10 * G))
     assert b.rows[1].bytes == 3 * M == peak_checkpoint_files(0) * M
     assert peak_checkpoint_files(3) == 5
+
+
+# ---------------------------------------------------------------- the decoded-frame cache ([train] cache)
+def test_cache_bytes_is_frames_times_width_height_rgb():
+    from train.cachesize import cache_bytes
+
+    assert cache_bytes(63_000, 224, 224) == 63_000 * 224 * 224 * 3 == 9_483_264_000
+    assert cache_bytes(1, 320, 240) == 320 * 240 * 3
+    assert cache_bytes(0, 224, 224) == 0
+    with pytest.raises(ValueError):
+        cache_bytes(-1, 224, 224)
+
+
+def test_cache_counts_the_posed_frames_of_the_training_sessions_only():
+    from tests.datasets import index_doc
+    from train.cachesize import for_train, training_cache
+
+    doc = index_doc({"a": (100, 16), "b": (50, 16), "c": (30, 0)}, size=[320, 240])
+    held_b = training_cache(doc, val_sessions=["b"])
+    assert held_b.frames == 130 and held_b.sessions == ("a", "c")  # unposed frames are never read
+    assert (held_b.width, held_b.height) == (320, 240) and held_b.bytes == 130 * 320 * 240 * 3
+    assert training_cache(doc, val_fraction=0).frames == 180
+    # the [train] table's split settings, the trainer's defaults where it gives none
+    assert for_train(doc, {"val_sessions": ["b"]}) == held_b
+    assert for_train(doc, {}) == training_cache(doc)
+    # copies of one recording (content_key) go to one side together, as in the trainer
+    copies = index_doc({"a": (10, 0), "a2": (10, 0), "b": (5, 0)}, content={"a": "k", "a2": "k"})
+    assert training_cache(copies, val_sessions=["a"]).sessions == ("b",)
+
+
+def test_cache_agrees_with_the_trainers_split_and_reader(tmp_path):
+    """The trainer's own numbers: its ShardIndex's training sessions, samples and frame size."""
+    from shardship.format import index as fmt
+    from shardship.split import split_sessions
+    from tests.datasets import make_packed
+    from train.cachesize import cache_bytes, for_train
+    from train.data import load_index
+
+    out = make_packed(tmp_path, sessions=4, frames=24, seed=3)
+    index = load_index(out)
+    for train in ({}, {"val_fraction": 0.5, "seed": 7}, {"val_sessions": [index.sessions_present()[0]]}):
+        names, _ = split_sessions(index.sessions_present(), float(train.get("val_fraction", 0.1)),
+                                  int(train.get("seed", 0)), train.get("val_sessions"), index.session_content)
+        ix = index.select_sessions(names)
+        size = for_train(fmt.load(out), train)
+        assert size.sessions == tuple(names) and size.frames == ix.n_samples
+        assert size.bytes == cache_bytes(ix.n_samples, *ix.image_size)
+
+
+def test_budget_shows_the_cache_as_memory_not_in_the_disk_total():
+    from train.cachesize import CacheSize
+
+    base = dict(packed_bytes=717 * M, packed_files=91, checkpoint_bytes=100 * M, keep=3, quota_bytes=10 * G)
+    cache = CacheSize(63_000, 224, 224, ("a",))
+    without = compute(BudgetInputs(**base))
+    b = compute(BudgetInputs(**base, cache=cache, cache_mode="auto"))
+    assert (b.total, b.headroom, b.over) == (without.total, without.headroom, without.over)
+    assert all("cache" not in r.item for r in b.rows)
+    text = render(b, "--quota")
+    line = text.splitlines()[-1]
+    assert line.startswith("decoded-frame cache: 8.8 GB of memory (host shared memory or GPU; not on disk")
+    assert '[train] cache = "auto"' in line and "63,000 training frames x 224x224x3" in line
+    host = render(compute(BudgetInputs(**base, cache=cache, cache_mode="host")), "q")
+    assert "8.8 GB of memory (host shared memory, one copy per node" in host
+    gpu = render(compute(BudgetInputs(**base, cache=cache, cache_mode="gpu")), "q")
+    assert "8.8 GB of memory (GPU memory, one copy per GPU" in gpu
+    off = render(compute(BudgetInputs(**base, cache=cache, cache_mode="off")), "q").splitlines()[-1]
+    assert off.startswith('decoded-frame cache: off ([train] cache = "off"')
+    assert "decoded-frame cache" not in render(without, "q")
+
+
+def test_cli_prints_the_cache_line(tmp_path):
+    pytest.importorskip("train.model")
+    from tests.datasets import make_packed
+
+    out = make_packed(tmp_path, sessions=1, frames=20, seed=1)
+    cfg = tmp_path / "shardship.toml"
+    for mode, words in (("auto", "decoded-frame cache: "), ("off", 'decoded-frame cache: off ([train] cache = "off"')):
+        cfg.write_text(f'[train]\ncache = "{mode}"\n')
+        res = subprocess.run([sys.executable, "-m", "packer", "budget", "--out", str(out), "--quota", "10G",
+                              "--config", str(cfg)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert words in res.stdout and "fits" in res.stdout, res.stdout
+    cfg.write_text('[train]\ncache = "disk"\n')
+    bad = subprocess.run([sys.executable, "-m", "packer", "budget", "--out", str(out), "--config", str(cfg)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "cache must be auto, gpu, host, off" in bad.stderr, bad.stderr

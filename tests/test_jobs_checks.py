@@ -4,6 +4,7 @@ the real Grid Engine 8.1.9 and SLURM 22.05 brought up by scripts/ci/*_up.sh),
 and the submit path against a real local remote (`local:PATH`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -320,3 +321,116 @@ def test_local_probe_measures_a_real_dataloader_worker(tmp_path: Path) -> None:
     v, src = measure.worker_rss(s, packed, bench_csv=tmp_path / "no.csv")
     assert "local probe" in src and v > 0
     assert measure.probe_worker_rss(tmp_path / "nothing", 8) is None
+
+
+# ---------------------------------------------------------------- the decoded-frame cache in the memory request
+def _cache(gib: float):
+    """A CacheSize of about `gib` GiB of 224x224 frames."""
+    from train.cachesize import CacheSize
+
+    return CacheSize(int(gib * GiB) // (224 * 224 * 3), 224, 224, ("a",))
+
+
+def _spec_default_mem(**kw):
+    """spec_for without `mem`: the built-in default (shardship.config.DEFAULT_MEM), as a config without it."""
+    train = kw.pop("train", {})
+    base = dict(name="c", host="h", scheduler="slurm", gpus=1, cpus=4, time="12:00:00")
+    base.update(kw)
+    return build_spec(ClusterConfig(**base), train, "/home/u/shardship", "test")
+
+
+def test_cache_off_or_on_the_gpu_leaves_the_memory_request_alone() -> None:
+    from train.jobs import cachemem, render
+
+    for mode in ("off", "gpu"):
+        s = _spec_default_mem(train={"cache": mode})
+        grown, notes = cachemem.count_cache(s, _cache(9.5), "index.json")
+        assert grown == s and grown.mem == "32G" and grown.mem_cache == 0
+        assert "#SBATCH --mem=32G" in render(grown)
+    assert "off" in cachemem.count_cache(_spec_default_mem(train={"cache": "off"}), _cache(1), "i")[1][0]
+    # a CPU job's "gpu" cache is a private copy in every rank's memory (train.data.cache)
+    cpu = build_spec(ClusterConfig(name="c", gpus=0, cpus=4, time="1:00:00"), {"cache": "gpu"}, "/r", "t",
+                     ranks_per_node=2)
+    grown, notes = cachemem.count_cache(cpu, _cache(4), "i")
+    assert grown.mem == "40G" and "2 copies per node" in notes[0]
+
+
+def test_host_cache_grows_the_default_request_once_per_node() -> None:
+    from train.jobs import cachemem, render
+    from train.jobs.sge import mem_request
+
+    size = _cache(9.5)
+    for mode in ("host", "auto"):  # auto may fall back to host on a node with a smaller GPU
+        s = _spec_default_mem(nodes=2, gpus=4, cpus=16, train={"cache": mode})
+        grown, notes = cachemem.count_cache(s, size, "index.json")
+        assert grown.mem == "42G" and grown.mem_bytes >= s.mem_bytes + size.bytes  # 32G + 9.5 GB, whole GiB
+        assert grown.mem_bytes - s.mem_bytes - size.bytes < GiB
+        script = render(grown)
+        assert "#SBATCH --mem=42G" in script and "# memory:   42G (32G + 9.5 GB decoded-frame cache)" in script
+        assert "32G (the default mem) + decoded-frame cache 9.5 GB" in notes[0] and "one copy per node" in notes[0]
+    # SGE's per-slot memory: the whole request (with the cache) divided by the slots
+    before = _spec_default_mem(scheduler="sge", gpus=1, cpus=4, mem_resource="mem_per_core", mem_per="slot",
+                               train={"cache": "host"})
+    after, notes = cachemem.count_cache(before, size, "index.json")
+    assert mem_request(before) == "mem_per_core=8192M" and mem_request(after) == "mem_per_core=10752M"
+    assert "#$ -l mem_per_core=10752M" in render(after) and "per slot (mem_per_core)" in notes[0]
+    # the processes are still checked against what is left beside the cache
+    assert checks.check_memory(after, GiB, "d") == []
+    busy = _spec_default_mem(gpus=4, cpus=64, train={"cache": "host", "num_workers": 8})
+    found = checks.check_memory(busy, GiB, "d")
+    found_grown = checks.check_memory(cachemem.count_cache(busy, size, "i")[0], GiB, "d")
+    assert [f.level for f in found] == [f.level for f in found_grown] == ["error"]
+    # the same fix with the cache added as without it: the cache has its own room
+    assert "num_workers = 4" in found[0].message and "num_workers = 4" in found_grown[0].message
+    assert "mem = 42G (32G + 9.5 GB decoded-frame cache) per node less the cache" in found_grown[0].message
+
+
+def test_auto_cache_does_not_push_the_request_past_the_biggest_node() -> None:
+    from train.jobs import cachemem
+
+    s = _spec_default_mem(train={"cache": "auto"})
+    same, notes = cachemem.count_cache(s, _cache(9.5), "i", node_mem=40 * GiB, node_src="sinfo")
+    assert same == s and "not added" in notes[0] and "40.0 GB (sinfo)" in notes[0]
+    grown, _ = cachemem.count_cache(s, _cache(9.5), "i", node_mem=64 * GiB, node_src="sinfo")
+    assert grown.mem == "42G"
+    # "host" is asked for as it is, and the node check says it cannot be had
+    host = cachemem.count_cache(_spec_default_mem(train={"cache": "host"}), _cache(9.5), "i", 40 * GiB, "sinfo")[0]
+    found = checks.check_memory(host, GiB, "d", node_mem=40 * GiB, node_mem_source="sinfo")
+    assert found and "mem = 42G (32G + 9.5 GB decoded-frame cache) per node, but the biggest node" in found[0].message
+
+
+def test_a_written_mem_is_kept_and_warned_about_when_the_cache_does_not_fit() -> None:
+    from train.jobs import cachemem
+
+    size = _cache(20)
+    for mode in ("host", "auto"):
+        s = spec_for(mem="16G", train={"cache": mode, "num_workers": 2})
+        kept, notes = cachemem.count_cache(s, size, "index.json")
+        assert kept == s and "mem = 16G is set in [cluster.c] and taken as written" in notes[0]
+        warn = cachemem.check_written_mem(kept, size, GiB)
+        assert [f.level for f in warn] == ["warning"] and warn[0].check == "memory"
+        msg = warn[0].message
+        assert "\n" not in msg and msg.startswith("[cluster.c] mem = 16G per node is less than the decoded-frame cache")
+        assert "20.0 GB" in msg and f'[train] cache = "{mode}"' in msg and 'set mem = "26G"' in msg, msg
+        checks.raise_for(warn, "x")  # a warning: the job is not refused
+    assert cachemem.check_written_mem(spec_for(mem="64G", train={"cache": "host"}), size, GiB) == []
+    assert cachemem.check_written_mem(spec_for(mem="16G", train={"cache": "off"}), size, GiB) == []
+    assert cachemem.check_written_mem(spec_for(mem="16G", train={"cache": "gpu"}), size, GiB) == []
+
+
+def test_submit_counts_the_cache_of_the_uploaded_index(tmp_path: Path) -> None:
+    """End to end on a local remote: the uploaded index sizes the cache; the script asks for it."""
+    from tests.datasets import index_doc
+
+    cfg, cl = _local_cfg(tmp_path)
+    (tmp_path / "home" / "shardship" / "index.json").write_text(json.dumps(index_doc({"a": (40, 16), "b": (30, 0)})))
+    cfg.train = {**cfg.train, "cache": "host", "val_fraction": 0}
+    written = submit_job(cfg, cl, dry_run=True, probe=False, bench_csv=tmp_path / "none.csv").plan
+    assert "#SBATCH --mem=4G" in written.script  # mem = "4G" in the config: as written
+    default = dataclasses.replace(cl, mem=ClusterConfig(name="x").mem)
+    p = submit_job(cfg, default, dry_run=True, probe=False, bench_csv=tmp_path / "none.csv").plan
+    assert "#SBATCH --mem=33G" in p.script and p.spec.mem_cache == 70 * 224 * 224 * 3
+    assert any("70 training frames x 224x224x3" in n and "= 33G per node" in n for n in p.notes), p.notes
+    cfg.train["cache"] = "off"
+    off = submit_job(cfg, default, dry_run=True, probe=False, bench_csv=tmp_path / "none.csv").plan
+    assert "#SBATCH --mem=32G" in off.script

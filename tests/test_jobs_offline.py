@@ -270,3 +270,27 @@ def test_memory_fix_says_num_workers_0_when_only_that_fits() -> None:
     spec = build_spec(cluster, {"num_workers": 2}, "/r", "test", ranks_per_node=4)
     [f] = check_memory(spec, 2**30, "default")
     assert f.message.endswith("use fewer processes per node or a node with more memory"), f
+
+
+def test_offline_sizes_the_frame_cache_from_the_local_index(tmp_path: Path) -> None:
+    """Offline, the local packed index sizes [train] cache: no `mem` -> the request grows by it; a
+    `mem` that cannot hold it beside the rank -> a one-line warning, the request as written."""
+    import json
+
+    from tests.datasets import index_doc
+
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "index.json").write_text(json.dumps(index_doc({"a": (35_000, 16), "b": (10, 0)})))
+    config = (CONFIG.replace("nodes = 2", "nodes = 1").replace("gpus = 4", "gpus = 1")
+              .replace("[train]", f'[paths]\npacked = "{packed}"\n\n[train]\ncache = "host"\nval_sessions = ["b"]'))
+    res = _submit(tmp_path, "--dry-run", "--offline", config=config.replace('mem = "64G"\n', ""))
+    assert res.exit_code == 0, res.output
+    assert "#SBATCH --mem=37G" in res.stdout, res.stdout  # 32G + 35,000 x 224x224x3 (4.9 GB), whole GiB
+    assert "35,000 training frames x 224x224x3" in res.stderr and "offline" in res.stderr
+    res = _submit(tmp_path, "--dry-run", "--offline", config=config.replace('mem = "64G"', 'mem = "7G"'))
+    assert res.exit_code == 0, res.output
+    assert "#SBATCH --mem=7G" in res.stdout
+    warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: memory:")]
+    assert len(warn) == 1 and "[cluster.hpc] mem = 7G per node is less than the decoded-frame cache needs" in warn[0]
+    assert "4.9 GB" in warn[0] and 'set mem = "' in warn[0], warn[0]

@@ -16,6 +16,7 @@ from shardship.config import DEFAULT_CONFIG, Config
 from shardship.errors import ShardshipError
 from shardship.format import index as fmt
 from shardship.units import human, parse_size
+from train.cachesize import CacheSize, budget_line, cache_mode, for_train
 from train.retention import peak_checkpoint_files
 
 
@@ -36,6 +37,10 @@ class BudgetInputs:
     inodes_used: int = 0
     quota_source: str = "config"
     margin: float = 0.05  # keep 5% free: quotas are enforced on blocks, not bytes
+    # the trainer's decoded-frame cache ([train] cache): memory, not disk, so shown but not summed
+    cache: CacheSize | None = None
+    cache_mode: str = "auto"
+    cache_problem: str = ""  # why the cache could not be sized (the split cannot be made)
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Budget:
     inode_headroom: int | None
     over: bool
     suggestions: list[str] = field(default_factory=list)
+    memory: list[str] = field(default_factory=list)  # memory the run takes (not disk, not in `total`)
 
 
 def compute(b: BudgetInputs) -> Budget:
@@ -80,8 +86,10 @@ def compute(b: BudgetInputs) -> Budget:
     headroom = usable - b.used_bytes - total
     inode_headroom = None if b.inode_limit is None else b.inode_limit - b.inodes_used - files
     over = headroom < 0 or (inode_headroom is not None and inode_headroom < 0)
+    memory = ([budget_line(b.cache, b.cache_mode)] if b.cache is not None else
+              [f"decoded-frame cache: not sized ({b.cache_problem})"] if b.cache_problem else [])
     return Budget(rows, total, files, b.quota_bytes, b.used_bytes, headroom, b.inode_limit, inode_headroom,
-                  over, suggestions(b, headroom, inode_headroom) if over else [])
+                  over, suggestions(b, headroom, inode_headroom) if over else [], memory)
 
 
 def suggestions(b: BudgetInputs, headroom: int, inode_headroom: int | None) -> list[str]:
@@ -122,6 +130,7 @@ def render(bud: Budget, quota_source: str) -> str:
     sign = "-" if bud.headroom < 0 else ""
     inode = "" if bud.inode_headroom is None else bud.inode_headroom
     lines.append(f"{'headroom':<{w}}{sign + human(abs(bud.headroom)):>10}  {inode:>7}  after a 5% safety margin")
+    lines += bud.memory
     return "\n".join(lines)
 
 
@@ -133,7 +142,8 @@ def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote:
     cluster's quota, 10G."""
     from train.config import TrainConfig, check_train_types
 
-    check_train_types(cfg.train, f"{cfg.path or DEFAULT_CONFIG} [train]")  # keep = "2" is one line, not int("2")
+    where = f"{cfg.path or DEFAULT_CONFIG} [train]"
+    check_train_types(cfg.train, where)  # keep = "2" is one line, not int("2")
     from train.model import checkpoint_bytes  # torch
 
     index = fmt.load(out_dir)
@@ -147,7 +157,12 @@ def plan_budget(cfg: Config, out_dir: Path, *, quota: str | None = None, remote:
         keep=keep if keep is not None else int(train_cfg.get("keep", TrainConfig.keep)), quota_bytes=0,
         env_bytes=parse_size(env_size if env_size is not None else cfg.budget.get("env", "4G")),
         weights_bytes=_weights_bytes(train_cfg),
+        cache_mode=cache_mode(train_cfg, where),
     )
+    try:
+        inputs.cache = for_train(index, train_cfg)
+    except ShardshipError as e:  # every session held out: `train run` says the same
+        inputs.cache_problem = str(e)
     source = "default 10G"
     if remote:
         q, already = live_quota_and_uploaded(cfg, remote, index, accept_new_host_key)

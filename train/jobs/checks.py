@@ -61,13 +61,15 @@ def check_memory(spec: JobSpec, worker_rss: int, worker_rss_source: str, node_me
     out: list[Finding] = []
     per_rank = rank_rss(spec)
     need = memory_needed(spec.ranks_per_node, spec.num_workers, worker_rss, per_rank)
+    cache = spec.mem_cache  # the decoded-frame cache train submit added to the request (cachemem.py): not theirs
     asked = spec.mem_bytes
-    limit, limit_what = asked, f"mem = {spec.mem} per node"
+    limit, limit_what = asked, f"mem = {spec.mem_said} per node"
     if node_mem is not None and node_mem < asked:
-        out.append(Finding("error", "memory", f"mem = {spec.mem} per node, but the biggest node has "
-                                              f"{human(node_mem)} ({node_mem_source}): ask for at most that"))
+        other = ' (or set [train] cache = "auto" or "off")' if cache else ""
+        out.append(Finding("error", "memory", f"mem = {spec.mem_said} per node, but the biggest node has "
+                                              f"{human(node_mem)} ({node_mem_source}): ask for at most that{other}"))
         limit, limit_what = node_mem, f"the biggest node's {human(node_mem)} ({node_mem_source})"
-    usable = int(limit * (1 - MEMORY_MARGIN))
+    usable = int((limit - cache) * (1 - MEMORY_MARGIN))
     if need > usable:
         fit = math.floor((usable / spec.ranks_per_node - per_rank) / worker_rss) if worker_rss else 0
         fix = (f"set {workers_setting.format(n=max(fit, 0))}" if fit >= 1 or (fit == 0 and spec.num_workers > 0)
@@ -75,8 +77,8 @@ def check_memory(spec: JobSpec, worker_rss: int, worker_rss_source: str, node_me
         out.append(Finding(
             "error", "memory",
             f"{spec.ranks_per_node} ranks x ({human(per_rank)} + {spec.num_workers} workers x {human(worker_rss)} "
-            f"per worker, {worker_rss_source}) = {human(need)} per node, more than {limit_what} minus "
-            f"{MEMORY_MARGIN:.0%}: the job would be OOM-killed; {fix}"))
+            f"per worker, {worker_rss_source}) = {human(need)} per node, more than {limit_what}"
+            f"{' less the cache' if cache else ''} minus {MEMORY_MARGIN:.0%}: the job would be OOM-killed; {fix}"))
     return out
 
 

@@ -51,7 +51,7 @@ def header(spec: JobSpec, flavour: str, log_hint: str) -> list[str]:
         "#",
         f"# run:      {node} x {gpu}, {ranks}, {spec.cpus_per_node} CPU cores per node, "
         f"{spec.num_workers} data worker{'s' if spec.num_workers != 1 else ''} per process",
-        f"# memory:   {c(spec.mem)} per node (workers x ranks checked against it before submission)",
+        f"# memory:   {c(spec.mem_said)} per node (workers x ranks checked against it before submission)",
         f"# time:     {spec.walltime}; the trainer checkpoints and stops at {format_walltime(spec.time_limit_s)}, "
         f"then the job goes again",
         f"# ckpt:     every {spec.checkpoint_every} steps, keep {spec.keep}, in the outputs directory",

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardship.config import ClusterConfig
+from shardship.config import ClusterConfig, DefaultSize
 from shardship.errors import ShardshipError
-from shardship.units import parse_size
+from shardship.units import human, parse_size
 from train.config import TrainConfig
 
 SCHEDULERS = ("sge", "slurm")
@@ -35,7 +35,7 @@ class JobSpec:
     gpus_per_node: int  # 0 = CPU job
     ranks_per_node: int  # training processes per node: one per GPU, or `--nproc-per-node` for a CPU job
     cpus_per_node: int
-    mem: str  # per node, as configured ("64G")
+    mem: str  # per node, as asked for ("64G"): as configured, plus the decoded-frame cache when not configured
     wall_seconds: int
     data_dir: str  # absolute remote path of the packed shards (index.json)
     out_dir: str  # absolute remote path of the run: checkpoints, metrics; `last` lives here
@@ -55,6 +55,10 @@ class JobSpec:
     launcher: str = "torchrun"  # "torchrun" | "lightning" (R tasks per node, srun python; foreign.py)
     partitions: tuple[str, ...] = ()  # `--partitions a,b`: copies race, the first to start wins (race.py)
     code_dir: str | None = None  # shipped shardship source (train/jobs/ship.py), first on PYTHONPATH
+    cache: str = TrainConfig.cache  # [train] cache: where the trainer keeps the decoded frames
+    mem_default: bool = False  # the config gives no `mem`: `mem` started from the built-in default
+    mem_cache: int = 0  # bytes added to `mem` for the decoded-frame cache in host memory (cachemem.py)
+    mem_base: str = ""  # `mem` before the cache was added to it
     # site-specific pass-through keys (gpu_c, gpu_type, gpu_memory, gres, constraint,
     # partition, queue, account, project) are read from the cluster config as given
     cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(name=""), compare=False)
@@ -66,6 +70,13 @@ class JobSpec:
     @property
     def mem_bytes(self) -> int:
         return parse_size(self.mem)
+
+    @property
+    def mem_said(self) -> str:
+        """`mem` as the messages say it: "42G (32G + 9.5 GB decoded-frame cache)" when the cache was added."""
+        if not self.mem_cache:
+            return self.mem
+        return f"{self.mem} ({self.mem_base} + {human(self.mem_cache)} decoded-frame cache)"
 
     @property
     def cpus_per_rank(self) -> int:
@@ -148,13 +159,13 @@ def _positive_int(value: Any, what: str, minimum: int = 1) -> int:
     return n
 
 
-def train_settings(train: Mapping[str, Any], where: str = "[train]") -> dict[str, int]:
-    """num_workers, checkpoint_every, keep, batch_size as `train run` will use them:
+def train_settings(train: Mapping[str, Any], where: str = "[train]") -> dict[str, Any]:
+    """num_workers, checkpoint_every, keep, batch_size (ints) and cache as `train run` will use them:
     parsed by the trainer's own TrainConfig (its defaults, its validation), which is
     torch-free, so a submit host without torch checks exactly what the job will run."""
     tc = TrainConfig.from_dict(train, where)
     return {"num_workers": int(tc.num_workers), "checkpoint_every": int(tc.checkpoint_every), "keep": int(tc.keep),
-            "batch_size": int(tc.batch_size)}
+            "batch_size": int(tc.batch_size), "cache": str(tc.cache)}
 
 
 def build_spec(
@@ -229,10 +240,8 @@ def build_spec(
         log_dir=posixpath.join(jobs, "logs"),
         script_path=posixpath.join(jobs, f"{jname}.{sched}.sh"),
         config_path=posixpath.join(jobs, f"{jname}.toml"),
-        num_workers=ts["num_workers"],
-        checkpoint_every=ts["checkpoint_every"],
-        keep=ts["keep"],
-        batch_size=ts["batch_size"],
+        **ts,  # num_workers, checkpoint_every, keep, batch_size, cache
+        mem_default=isinstance(cluster.mem, DefaultSize),
         python=cluster.python or "python3",
         setup=_setup_lines(cluster.setup, where),
         train_args=tuple(train_args),

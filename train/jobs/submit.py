@@ -20,7 +20,8 @@ from shardship.config import DEFAULT_CONFIG, ClusterConfig, Config
 from shardship.errors import RemoteError, ShardshipError
 from shardship.format import index as fmt
 from shardship.units import parse_size
-from train.jobs import checks, foreign, jobenv, measure, render
+from train.cachesize import CacheSize
+from train.jobs import cachemem, checks, foreign, jobenv, measure, render
 from train.jobs import log_path as job_log_path
 from train.jobs.common import comment
 from train.jobs.overrides import apply_sets, check_shapes
@@ -108,21 +109,52 @@ def make_spec(cfg: Config, cluster: ClusterConfig, remote_root: str, *, name: st
 OFFLINE = "not checked (offline)"
 
 
-def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any | None, *, probe: bool = True,
-               bench_csv: Path = measure.LOADER_CSV, ship_bytes: int = 0) -> tuple[list[checks.Finding], list[str]]:
-    """All pre-submit checks; returns (findings, notes). `remote` None is a dry run offline:
-    the arithmetic that needs no cluster (workers x ranks x RSS vs `mem`, cores per rank,
-    checkpoint vs time limit) still runs, and each check that needs the cluster says
-    "not checked (offline)" instead of guessing."""
+@dataclass
+class Probed:
+    """What the checks read before the script is rendered: the uploaded index (offline: the
+    local packed one sizes the cache only), the biggest node, and the decoded-frame cache."""
+
+    index: dict[str, Any] | None  # the cluster's index.json (None offline or when missing)
+    node_mem: int | None
+    node_src: str
+    cache: CacheSize | None = None
+    cache_src: str = ""
+    findings: list[checks.Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def probe_cluster(spec: JobSpec, cfg: Config, remote: Any | None) -> Probed:
+    """The index (a missing or damaged one is a finding), the node's memory, and the cache the
+    job's [train] split keeps (sized from the local packed index when offline)."""
     findings: list[checks.Finding] = []
     notes: list[str] = []
     index = _remote_index(spec, remote, findings, notes)
+    node_mem, mem_src = measure.node_memory(remote, spec) if remote is not None else (None, OFFLINE)
+    sizing, src = index, f"{spec.data_dir}/{fmt.INDEX}"
+    if remote is None and (Path(cfg.packed) / fmt.INDEX).is_file():
+        with contextlib.suppress(ShardshipError):
+            sizing, src = fmt.load(Path(cfg.packed)), f"the local {Path(cfg.packed) / fmt.INDEX}, offline"
+    cache, cache_src = cachemem.size_of(cfg.train, sizing, src if sizing is not None else
+                                        OFFLINE if remote is None else "none on the cluster")
+    return Probed(index, node_mem, mem_src, cache, cache_src, findings, notes)
+
+
+def run_checks(spec: JobSpec, cfg: Config, cluster: ClusterConfig, remote: Any | None, *, probe: bool = True,
+               bench_csv: Path = measure.LOADER_CSV, ship_bytes: int = 0,
+               probed: Probed | None = None) -> tuple[list[checks.Finding], list[str]]:
+    """All pre-submit checks; returns (findings, notes). `remote` None is a dry run offline:
+    the arithmetic that needs no cluster (workers x ranks x RSS vs `mem`, cores per rank,
+    checkpoint vs time limit) still runs, and each check that needs the cluster says
+    "not checked (offline)" instead of guessing. `probed`: what `plan` already read."""
+    known = probed if probed is not None else probe_cluster(spec, cfg, remote)
+    findings, notes = list(known.findings), list(known.notes)
+    index, node_mem, mem_src = known.index, known.node_mem, known.node_src
     local_packed = Path(cfg.packed) if (Path(cfg.packed) / fmt.INDEX).is_file() else None
     rss, rss_src = measure.worker_rss(spec, local_packed, bench_csv=bench_csv, probe=probe)
-    node_mem, mem_src = measure.node_memory(remote, spec) if remote is not None else (None, OFFLINE)
     notes.append(f"per-worker RSS {rss / 2**20:.0f} MiB ({rss_src}); biggest node "
                  f"{'unknown' if node_mem is None else f'{node_mem / 2**30:.1f} GiB'} ({mem_src})")
     findings += checks.check_memory(spec, rss, rss_src, node_mem, mem_src)
+    findings += cachemem.check_written_mem(spec, known.cache, rss)
     findings += checks.check_cpus(spec)
     step_s, step_src = measure.step_seconds(remote, spec)
     notes.append(f"{step_s:.3g} s per step ({step_src})")
@@ -268,6 +300,11 @@ def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str =
                      train_args=train_args, code_dir=code.remote_dir(root) if code else None,
                      partitions=partitions, command=words,
                      launcher=foreign.pick_launcher(launcher, script_text) if words else "torchrun")
+    probed = None if words else probe_cluster(spec, cfg, remote)
+    if probed is not None:  # the decoded-frame cache in the memory request, before anything reads it
+        spec, cache_notes = cachemem.count_cache(spec, probed.cache, probed.cache_src, probed.node_mem,
+                                                 probed.node_src)
+        probed.notes += cache_notes
     if len(partitions) > 1:
         check_partitions(spec)
     script = render(spec)
@@ -277,7 +314,7 @@ def plan(cfg: Config, cluster: ClusterConfig, remote: Any | None, *, name: str =
     else:
         findings, notes, weights = env_checks(cfg, cluster, remote, root)
         more, more_notes = run_checks(spec, cfg, cluster, remote, probe=probe, bench_csv=bench_csv,
-                                      ship_bytes=weights.size if weights else 0)
+                                      ship_bytes=weights.size if weights else 0, probed=probed)
         findings, notes = findings + more, notes + more_notes
     if weights:  # the job reads the shipped copy (its [train.model] in the job's TOML)
         cfg.train["model"] = {**dict(cfg.train.get("model") or {}), "backbone_weights": weights.remote}

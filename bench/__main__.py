@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 NAMES = ["pack", "pack_memory", "slam", "slam_hard", "slam_realtime", "slam_memory", "phone_drops", "upload", "loader",
-         "report", "interrupt"]
+         "feed", "report", "interrupt", "step"]
 
 
 def main() -> int:

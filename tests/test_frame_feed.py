@@ -101,12 +101,12 @@ def test_auto_streams_when_the_frames_do_not_fit(packed: Path, monkeypatch: pyte
     ds = ShardDataset(index, 4, seed=2, obs_horizon=2)
     need = frame_cache.cache_bytes(ds)
     assert need == index.n_samples * 224 * 224 * 3
-    monkeypatch.setattr(frame_cache, "host_available", lambda: need)  # 60% of it is all auto may take
+    monkeypatch.setattr(frame_cache, "host_available", lambda: need + (4 << 30))  # 4 GiB are left to the processes
     feed = open_feed(ds, TrainConfig(cache="auto"), CPU)
     line = capsys.readouterr().err
     assert feed.cache is None and feed.mode == "streaming", feed
     assert "frames: streaming:" in line and "do not fit" in line and "streaming from the shards" in line, line
-    monkeypatch.setattr(frame_cache, "host_available", lambda: 2 * need)
+    monkeypatch.setattr(frame_cache, "host_available", lambda: need + (6 << 30))
     feed = open_feed(ds, TrainConfig(cache="auto"), CPU)
     assert feed.mode == "host cache" and feed.cache is not None and "frames: host cache:" in capsys.readouterr().err
     assert frame_cache.choose("off", need, CPU)[0] == "off"

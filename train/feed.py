@@ -42,11 +42,14 @@ class Feed:
     on_device: bool = False  # streaming with JPEG decode on the device
 
     def epoch(self, ds: ShardDataset, seed: int | None = None) -> Generator[dict[str, torch.Tensor], None, None]:
-        """The rest of `ds`'s current epoch, batch by batch (closing it stops the workers)."""
+        """The rest of `ds`'s current epoch, batch by batch (closing it stops the workers).
+        The workers write into a ring of reused buffers (train.data.batch.BufferRing):
+        use each batch, or copy it, before asking for the next one but two."""
         if self.cache is not None:
             yield from cached_epoch(ds, self.cache, self.device)
             return
         ds.images = "bytes" if self.on_device else "decode"
+        ds.reuse_buffers = True
         gen = batches(make_loader(ds, self.num_workers, self.device.type == "cuda", seed=seed))
         try:
             for b in gen:

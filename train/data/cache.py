@@ -13,7 +13,9 @@ pace. Where the frames live (`[train] cache`):
   node maps; a batch is gathered there and copied to the device.
 - "off": the streaming reader (DataLoader workers decode every step).
 - "auto": "gpu" where the frames fit in the GPU's free memory with room for the
-  model, else "host" where they fit in the node's available memory, else "off";
+  model, else "host" where they fit in the node's available memory (a job's
+  memory limit counted: `train submit` adds the cache to the request) with
+  room for the processes, else "off";
   every rank takes the same choice, and the run says which and why.
 
 Row i of the cache is sample i of the training index (a window's earlier frames
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from train.ddp import Dist
 
 GPU_RESERVE = 8 << 30  # bytes of GPU memory left to the model, at least (or a fifth of the GPU)
-HOST_SHARE = 0.6  # at most this share of the node's available memory
+HOST_MARGIN = 0.2  # of the node's available memory (and at least 4 GiB) left to the processes
 CHUNK = 512  # frames decoded per task
 
 
@@ -84,7 +86,7 @@ def choose(setting: str, nbytes: int, device: torch.device) -> tuple[str, str]:
     elif setting == "gpu":
         return "gpu", f"{size} of frames in this rank's memory (device {device.type})"
     avail = host_available()
-    if setting == "host" or (setting == "auto" and nbytes <= HOST_SHARE * avail):
+    if setting == "host" or (setting == "auto" and nbytes <= avail - max(4 << 30, HOST_MARGIN * avail)):
         return "host", f"{size} of frames in the node's shared memory ({human(avail)} available)"
     where = "GPU or " if device.type == "cuda" else ""
     return "off", (f"cache = \"auto\": {size} of frames do not fit in {where}memory ({human(avail)} available on "

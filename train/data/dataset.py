@@ -30,7 +30,7 @@ from packer.actions import POSE_DIMS
 from shardship.errors import ShardshipError
 from shardship.pil import cache_image_buffers
 from train.data import decode, labels, obs, partition
-from train.data.batch import alloc, alloc_batch, assemble
+from train.data.batch import BufferRing, alloc, alloc_batch, assemble
 from train.data.decode import decode_jpeg_into
 from train.data.index import ShardIndex
 from train.data.normalize import make_normalizer, obs_summary
@@ -105,6 +105,11 @@ class ShardDataset(IterableDataset):
         decode.prepare()  # here, before workers fork: they inherit it
         self.files = ShardFiles(index, verify)
         self._labels: labels.Labels | None = None
+        # batches written into a ring of reused buffers (train.data.batch.BufferRing): only for a
+        # consumer that uses each batch once and lets it go (the trainer sets it, a list of batches must not)
+        self.reuse_buffers = False
+        self._ring: BufferRing | None = None
+        self._bytes_ring: BufferRing | None = None
         pstats = (index.stats or {}).get("proprio") or {}
         mean = pstats.get("mean") or []
         self._proprio_fill = np.asarray(mean if len(mean) == index.proprio_dim else np.zeros(index.proprio_dim),
@@ -165,6 +170,8 @@ class ShardDataset(IterableDataset):
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         cache_image_buffers()
+        self._ring = BufferRing() if self.reuse_buffers and info is not None else None
+        self._bytes_ring = BufferRing() if self.reuse_buffers and info is not None else None
         order = self.order()
         for positions in self.my_batches(worker, num_workers):
             yield self.load_batch(order, positions)
@@ -203,7 +210,8 @@ class ShardDataset(IterableDataset):
                 lab["proprio"] = self.normalizer.normalize_proprio(lab["proprio"])
             shape = (b, self.obs_horizon, h, w, 3)
         t_img, t_prop, t_act, t_mask, t_jv, *tail = alloc_batch(
-            self.index, shape if self.images == "decode" else (*shape[:-3], 0, 0, 3), lab["proprio"].shape)
+            self.index, shape if self.images == "decode" else (*shape[:-3], 0, 0, 3), lab["proprio"].shape,
+            self._ring)
         for t, k in ((t_prop, "proprio"), (t_act, "action"), (t_mask, "action_mask"), (t_jv, "joints_valid"),
                      (tail[4], "joints_mask")):
             t.numpy()[...] = lab[k]
@@ -243,7 +251,8 @@ class ShardDataset(IterableDataset):
         jpgs = self.files.read_frames(uniq.tolist())
         sizes = np.array([len(j) for j in jpgs], np.int64)
         t_bytes, t_off, t_slots, t_uniq = alloc([((int(sizes.sum()),), torch.uint8), ((len(jpgs) + 1,), torch.int64),
-                                                 (frames.shape, torch.int64), ((len(jpgs),), torch.int64)])
+                                                 (frames.shape, torch.int64), ((len(jpgs),), torch.int64)],
+                                                self._bytes_ring)
         off = t_off.numpy()
         off[0] = 0
         np.cumsum(sizes, out=off[1:])

@@ -101,7 +101,7 @@ def test_auto_streams_when_the_frames_do_not_fit(packed: Path, monkeypatch: pyte
     ds = ShardDataset(index, 4, seed=2, obs_horizon=2)
     need = frame_cache.cache_bytes(ds)
     assert need == index.n_samples * 224 * 224 * 3
-    monkeypatch.setattr(frame_cache, "host_available", lambda: need + (4 << 30))  # 4 GiB are left to the processes
+    monkeypatch.setattr(frame_cache, "host_available", lambda: need + (4 << 30) - 1)  # 4 GiB are left to the processes
     feed = open_feed(ds, TrainConfig(cache="auto"), CPU)
     line = capsys.readouterr().err
     assert feed.cache is None and feed.mode == "streaming", feed

@@ -89,3 +89,26 @@ def test_train_bench_prints_the_loader_the_cache_the_model_together_and_a_choice
                        text=True, timeout=350)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "(streaming)" in r.stdout.splitlines()[4] and "choice: cache = \"off\"" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(400)
+def test_the_gpu_check_script_writes_a_row_per_mode_here_on_the_cpu(packed: Path, tmp_path: Path) -> None:
+    """bench/gpu_check.sh as the GPU machine runs it, on this CPU with the tiny preset:
+    a row per mode; the nvJPEG mode says why it cannot run here instead of failing."""
+    out = tmp_path / "gpu_check.csv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GPU_CHECK_CSV": str(out),
+           "GPU_CHECK_DEVICE": "cpu", "GPU_CHECK_MODEL": "tiny", "GPU_CHECK_COMBOS": "fp32:off", "PY": PY,
+           "GPU_CHECK_BATCH": "8"}
+    r = subprocess.run(["bash", "bench/gpu_check.sh", str(packed), "1"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=380)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import csv
+
+    rows = list(csv.DictReader(out.open()))
+    assert [row["mode"] for row in rows] == ["streaming", "host", "gpu", "gpu_decode"], rows
+    for row in rows[:3]:
+        assert float(row["samples_per_s"]) > 0 and 0 <= float(row["data_wait"]) <= 1, row
+        assert row["precision"] == "fp32" and row["compile"] == "off" and row["device"] == "cpu"
+    assert rows[0]["feed"].startswith("streaming") and rows[1]["feed"].startswith("host cache")
+    assert rows[2]["feed"].startswith("gpu cache")
+    assert "no nvJPEG here" in rows[3]["note"] and not rows[3]["samples_per_s"], rows[3]

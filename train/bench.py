@@ -14,6 +14,7 @@ import os
 import platform
 import tempfile
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -59,7 +60,7 @@ def _forever(feed: Feed, run: RunState) -> Generator[dict[str, torch.Tensor], No
 T = TypeVar("T")
 
 
-def _timed(fn: Callable[[Iterator[dict[str, torch.Tensor]]], T], feed: Feed, run: RunState) -> T:
+def timed(fn: Callable[[Iterator[dict[str, torch.Tensor]]], T], feed: Feed, run: RunState) -> T:
     """`fn` over `feed`'s batches; the loader's workers are shut down after."""
     gen = _forever(feed, run)
     try:
@@ -68,17 +69,31 @@ def _timed(fn: Callable[[Iterator[dict[str, torch.Tensor]]], T], feed: Feed, run
         gen.close()
 
 
-def bench(data: Path, cfg: TrainConfig, seconds: float = 10.0, progress: bool = True) -> list[str]:
-    """The summary lines (train.speed) of a measurement of `data` under `cfg`."""
+@contextmanager
+def bench_run(data: Path, cfg: TrainConfig, progress: bool = False) -> Generator[RunState, None, None]:
+    """A run set up as `train run` would (model with random weights, no output folder)."""
     d = ddp.setup(cfg.device)
     try:
         configure_device(d.device)
         with tempfile.TemporaryDirectory() as tmp:
             run = setup_run(d, data, Path(tmp), cfg, progress, 0.0, pretrained=False)
         run.sched = make_scheduler(run.opt, cfg, max(run.total_steps, 10_000), None)
-        return _measure(run, cfg, seconds, progress)
+        yield run
     finally:
         ddp.cleanup()
+
+
+def bench(data: Path, cfg: TrainConfig, seconds: float = 10.0, progress: bool = True) -> list[str]:
+    """The summary lines (train.speed) of a measurement of `data` under `cfg`."""
+    with bench_run(data, cfg, progress) as run:
+        return _measure(run, cfg, seconds, progress)
+
+
+def step_fn(run: RunState) -> Callable[[dict[str, torch.Tensor]], None]:
+    """One training step of `run` on a batch (train.trainer.update)."""
+    def step(b: dict[str, torch.Tensor]) -> None:
+        update(run, b)
+    return step
 
 
 def _measure(run: RunState, cfg: TrainConfig, seconds: float, progress: bool) -> list[str]:
@@ -86,7 +101,7 @@ def _measure(run: RunState, cfg: TrainConfig, seconds: float, progress: bool) ->
     lines = [machine_line(device, cfg, run)]
     stream = open_feed(ds, dataclasses.replace(cfg, cache="off"), device, say=False)
     how = "decoded on the device" if stream.on_device else "decoded by the workers"
-    r_stream = _timed(lambda g: time_loader(g, seconds, device), stream, run)
+    r_stream = timed(lambda g: time_loader(g, seconds, device), stream, run)
     lines.append(f"loader streaming: {r_stream.per_s:,.0f} samples/s ({cfg.num_workers} workers, {how})")
 
     nbytes = frame_cache.cache_bytes(ds)
@@ -95,27 +110,25 @@ def _measure(run: RunState, cfg: TrainConfig, seconds: float, progress: bool) ->
     if where != "off":
         c = frame_cache.build(ds, where, device, progress=progress)
         cached = Feed(mode=f"{where} cache", why=why, device=device, num_workers=0, cache=c)
-        r_cache = _timed(lambda g: time_loader(g, seconds, device), cached, run)
+        r_cache = timed(lambda g: time_loader(g, seconds, device), cached, run)
         lines.append(f"loader cache: {r_cache.per_s:,.0f} samples/s ({where} cache: {why}; filled in "
                      f"{c.seconds:.0f} s)")
     else:
         lines.append(f"loader cache: does not fit ({why})")
 
-    def step(b: dict[str, torch.Tensor]) -> None:
-        update(run, b)
-
-    batch = to_device(_timed(lambda g: next(g), cached or stream, run), device)
+    step = step_fn(run)
+    batch = to_device(timed(lambda g: next(g), cached or stream, run), device)
     model = time_steps(step, repeat(batch), seconds, device)
     amp = str(run.dtype).replace("torch.", "") if run.dtype else "fp32"
     lines.append(f"model: {model.per_s:,.0f} samples/s (the {run.mcfg['preset']} step on {device}, {amp}, "
                  "one batch kept on the device)")
 
     chosen = cached if (cached is not None and cfg.cache != "off") else stream
-    together = _timed(lambda g: time_steps(step, g, seconds, device), chosen, run)
+    together = timed(lambda g: time_steps(step, g, seconds, device), chosen, run)
     lines.append(f"together: {together.per_s:,.0f} samples/s, data-wait {together.wait_share:.0%} ({chosen.mode})")
     choice = "off" if chosen is stream else where
     lines.append(f"choice: cache = \"{choice}\": {verdict(model, together, chosen.mode)}")
     return lines
 
 
-__all__ = ["Rate", "bench"]
+__all__ = ["Rate", "bench", "bench_run", "step_fn", "timed"]

@@ -35,6 +35,7 @@ import torch
 from shardship.errors import ShardshipError
 from shardship.progress import bar
 from shardship.units import human
+from train import cachesize
 from train.data.frames import FrameError, decode_many, nvjpeg_available
 from train.data.shardio import ShardFiles, verify_shards
 
@@ -48,8 +49,8 @@ CHUNK = 512  # frames decoded per task
 
 
 def cache_bytes(ds: ShardDataset) -> int:
-    w, h = ds.index.image_size
-    return ds.index.n_samples * w * h * 3
+    """What caching `ds`'s frames takes (train.cachesize: what `packer budget` and the job's memory count)."""
+    return cachesize.cache_bytes(ds.index.n_samples, *ds.index.image_size)
 
 
 def host_available() -> int:

@@ -25,6 +25,7 @@ from shardship.errors import ShardshipError
 from train.config import HUB_FILE, HUB_URL
 
 FEATURES = 512  # ResNet18's pooled feature width
+BODY = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool")  # all but fc, in order
 
 
 class BasicBlock(nn.Module):
@@ -75,10 +76,9 @@ def features(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(M, 3, H, W) -> (M, 512): a ResNet18's body, every module but `fc`, in the order
     of torchvision's ResNet._forward_impl; `net` is torchvision's resnet18 or the copy
     (the same module names), so `net.fc(features(net, x))` is `net(x)`."""
-    x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
-    for name in ("layer1", "layer2", "layer3", "layer4"):
-        x = getattr(net, name)(x)
-    return torch.flatten(net.avgpool(x), 1)
+    for name in BODY:
+        x = net.get_submodule(name)(x)
+    return torch.flatten(x, 1)
 
 
 def group_norm(channels: int) -> nn.GroupNorm:

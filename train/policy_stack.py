@@ -89,7 +89,7 @@ class StackObsEncoder(nn.Module):
 
     img_mean: torch.Tensor  # buffers (ImageNet statistics), declared for type checkers
     img_std: torch.Tensor
-    # the prepared images' memory layout (train.step_opts sets channels_last on CUDA); None: as they come
+    # the prepared images' memory layout (train.step_opts sets channels_last on CUDA and CPU); None: as they come
     memory_format: torch.memory_format | None = None
 
     def __init__(self, cfg: Mapping[str, Any]):
@@ -137,7 +137,7 @@ class StackObsEncoder(nn.Module):
         if self.frozen:  # the body trains nothing: no autograd there; BatchNorm stays in eval (train())
             with torch.no_grad():
                 x = features(self.backbone, x)
-            feats = self.backbone.fc(x).view(b, n, -1)
+            feats = self.backbone.get_submodule("fc")(x).view(b, n, -1)
         else:
             feats = self.backbone(x).view(b, n, -1)
         if proprio is not None and self.cfg["proprio_dim"] > 0:

@@ -189,7 +189,7 @@ class TrainConfig:
     # when torchvision can decode there, else workers)
     decode: str = "auto"
     compile: bool = False  # torch.compile the model (the first steps take longer while it compiles)
-    channels_last: bool = True  # image tensors and convolutions in channels-last memory on CUDA
+    channels_last: bool = True  # stack: ResNet18 and its images in channels-last memory (CUDA and CPU; not MPS)
     log_every: int = 10
     amp: bool = True
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cuda | mps | cpu

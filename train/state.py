@@ -38,6 +38,7 @@ from train.metrics import open_metrics, open_samples_log, run_mark
 from train.model import DiffusionPolicy, model_config
 from train.optim import EMA, make_optimizer
 from train.runtime import amp_dtype, make_scaler, rng_state, seed_everything, set_rng_state
+from train.step_opts import CompiledStep, apply_step_options, compile_net
 from train.tblog import ScalarLog
 
 
@@ -137,6 +138,7 @@ class RunState:
     foreign: set[str] = field(default_factory=set)  # step files not this run's, which retention leaves
     feed: Any = None  # train.feed.Feed: how the training batches reach the device, set before the first step
     val_ds: ShardDataset | None = None  # the validation reader, made at the first validation
+    step_how: str = "eager"  # how the step runs (train.step_opts): channels-last, compiled
 
     @property
     def device(self) -> torch.device:
@@ -216,6 +218,10 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
     seed_everything(int(cfg.seed) + d.rank)
     model, mcfg = build_model(index, cfg, pretrained=pretrained)
     model.to(d.device)
+    # before EMA, the optimizer and a resumed state: they take the parameters' layout; under DDP
+    # the wrapper is compiled instead (open_logs)
+    net, how = apply_step_options(model, d.device, cfg.channels_last, cfg.compile and not d.distributed,
+                                  warn=lambda line: tqdm.write(line, file=sys.stderr))
     ema = EMA(model, cfg.ema_decay)
     opt = make_optimizer(model, cfg, d.device)
     dtype = amp_dtype(d.device, cfg.amp)
@@ -223,7 +229,7 @@ def setup_run(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, progress: bo
                     index=index, sessions=(train_names, val_names),
                     train_ix=train_ix, val_ix=val_ix, train_ds=train_ds, steps_per_epoch=spe, total_steps=total_steps,
                     model=model, mcfg=mcfg, ema=ema, opt=opt, dtype=dtype, scaler=make_scaler(dtype == torch.float16),
-                    net=model)
+                    net=net, step_how=how)
 
 
 def plan_resume(d: ddp.Dist, out: Path, resume: bool) -> Resume | None:
@@ -320,6 +326,9 @@ def open_logs(run: RunState) -> None:
     if d.distributed:
         run.net = DistributedDataParallel(run.model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
                                           broadcast_buffers=False)  # buffers (normaliser, schedule) never change
+        if run.cfg.compile:  # torch's documented order: compile the DDP wrapper
+            run.net = compile_net(run.net, d.device, warn=lambda line: tqdm.write(line, file=sys.stderr))
+            run.step_how += ", compiled" if isinstance(run.net, CompiledStep) else ", compile unavailable"
     run.metrics = open_metrics(run.out, d.is_main)
     run.mark = run_mark(run.out, run.step, run.resumed_file) if d.is_main else None
     if d.is_main:

@@ -136,7 +136,7 @@ def _train(d: ddp.Dist, data: Path, out: Path, cfg: TrainConfig, max_steps: int 
                    f"{val_samples} samples ({n_va} {plural('session', n_va)}); {d.world_size} rank(s) "
                    f"x batch {cfg.batch_size}, {run.steps_per_epoch} steps/epoch, {run.total_steps} steps; "
                    f"device {d.device}{amp}; out {out}")
-        tqdm.write(model_summary(run.model))
+        tqdm.write(f"{model_summary(run.model)}; step: {run.step_how}")
         warn = warmup_warning(cfg, run.total_steps)
         if warn:
             tqdm.write(warn, file=sys.stderr)

@@ -168,8 +168,12 @@ def _host_frames(ds: ShardDataset, n: int, hw: tuple[int, int], d: Dist | None, 
         return frames
     import torch.distributed as dist
 
-    job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "0")
-    path = shm / f"shardship-frames-{ds.index.fingerprint()}-{hw[1]}x{hw[0]}-{job}"
+    # named by the pid of this node's first rank: unique on the machine, also where two "nodes"
+    # of a job, or two jobs with the same data, share one (GROUP_RANK: torchrun's node rank)
+    group = os.environ.get("GROUP_RANK", "0")
+    owners = d.all_gather_object((group, d.local_rank, os.getpid()))
+    pid = next(p for g, r, p in owners if g == group and r == 0)
+    path = shm / f"shardship-frames-{pid}-{ds.index.fingerprint()}-{hw[1]}x{hw[0]}"
     nbytes = n * hw[0] * hw[1] * 3
     try:
         if d.local_rank == 0:

@@ -124,7 +124,7 @@ class ShardDataset(IterableDataset):
     def labels(self) -> labels.Labels:
         """Every sample's labels, parsed on first use (`make_loader` asks before workers fork)."""
         if self._labels is None:
-            self._labels = labels.read_labels(self.files)
+            self._labels = labels.read_labels(self.index, self.files.verify)
         return self._labels
 
     # ----------------------------------------------------------------- state

@@ -20,6 +20,7 @@ from packer.actions import IDENTITY6, POSE_DIMS, rot6d
 from shardship.errors import ShardshipError
 from shardship.progress import bar
 from train.data.decode import sample_arrays
+from train.data.index import ShardIndex
 from train.data.shardio import ShardFiles
 
 
@@ -35,8 +36,17 @@ class Labels:
     pose: np.ndarray  # (N, 4, 4) float64 camera pose
 
 
-def read_labels(files: ShardFiles, progress: bool = False) -> Labels:
-    """Parse every sample's JSON member of `files.index` into a Labels table."""
+def read_labels(index: ShardIndex, verify: bool = True, progress: bool = False) -> Labels:
+    """Parse every sample's JSON member of `index` into a Labels table (its own
+    file descriptors, closed when done: the parent process keeps none open)."""
+    files = ShardFiles(index, verify)
+    try:
+        return _read(files, progress)
+    finally:
+        files.close()
+
+
+def _read(files: ShardFiles, progress: bool) -> Labels:
     ix = files.index
     n, t, d, j = ix.n_samples, ix.horizon, ix.action_dim, ix.proprio_dim
     lab = Labels(action=np.empty((n, t, d), np.float32), action_mask=np.ones((n, t), np.float32),

@@ -191,3 +191,9 @@ class ShardFiles:
         while self._fds:
             _, fd = self._fds.popitem()
             os.close(fd)
+
+    def __del__(self) -> None:  # a reader dropped without close() (a test, a notebook) leaks no descriptors
+        try:
+            self.close()
+        except OSError:
+            pass

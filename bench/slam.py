@@ -67,8 +67,8 @@ def _run_once(src: Path, work: Path, config: str | None) -> tuple[float, float, 
 
 def _accuracy(d: Path, src: Path) -> dict:
     from packer.session import load_imu, load_session
-    from packer.slam.heuristic import heuristic_scale
     from packer.slam.rotations import umeyama
+    from packer.slam.scale.heuristic import heuristic_scale
     from packer.synth import truth
 
     tr = truth(src)

@@ -1,9 +1,9 @@
 """The two `--scale imu` solvers on the SAME reconstructions: the windowed
 accelerometer solve (`--solver window`, today's default) against the
-visual-inertial bundle adjustment (`--solver viba`, packer/slam/viba.py).
+visual-inertial bundle adjustment (`--solver viba`, packer/slam/inertial/viba.py).
 
 Per session: render (cached by bench.slam_hard.render), the keyframe SfM once at
-the defaults, then each solver as `packer.slam.scale_methods.metric_scale` runs it
+the defaults, then each solver as `packer.slam.scale.scale_methods.metric_scale` runs it
 (its refusals included). The error is bench.slam_hard's: from the keyframes'
 sim(3) fit of the estimate on the truth, truth / estimate - 1 (> 0: too small):
 the window solve's keyframes are the SfM's times its scale, viba's are its
@@ -41,7 +41,7 @@ def run_session(src: Path, solvers: list[str]) -> list[dict]:
     """One record per solver: accepted, error, std, seconds, the refusal's words."""
     from packer.slam.options import SlamOptions
     from packer.slam.rotations import umeyama
-    from packer.slam.scale_methods import metric_scale
+    from packer.slam.scale.scale_methods import metric_scale
     from packer.synth import truth
     from shardship.errors import SessionError
 

@@ -8,7 +8,7 @@ too, to a few milliseconds. In order of trust:
 2. gyro vs visual rotation rate on poses.json from elsewhere (the user's calibrated
    SLAM): the same alignment, run on their poses, takes well under a second;
 3. without poses, gyro alignment on the images' own rotation over the first seconds
-   (`packer.slam.visual_clock`), where it is sound;
+   (`packer.slam.inertial.visual_clock`), where it is sound;
 4. the session's first guess (IMU start, glove start, or the 1-s metadata start time),
    which is off by up to a frame period and the camera's start (or a second)."""
 from __future__ import annotations
@@ -51,8 +51,8 @@ def frame_clock(session: Session, poses: dict[int, np.ndarray] | None) -> FrameC
 
 def _align_on_images(session: Session) -> float | None:
     """Frame 0 from the images' rotation against the gyro where there are no poses
-    (`packer.slam.visual_clock`), or None where that is not sound."""
-    from packer.slam.visual_clock import visual_offset
+    (`packer.slam.inertial.visual_clock`), or None where that is not sound."""
+    from packer.slam.inertial.visual_clock import visual_offset
 
     assert session.imu is not None and session.intrinsics is not None
     fx, fy, cx, cy = session.intrinsics
@@ -66,7 +66,7 @@ def _align_on_images(session: Session) -> float | None:
 def _align_on_poses(session: Session, poses: dict[int, np.ndarray]) -> float | None:
     """IMU offset from the given poses' rotations, or None when not observable
     (too little rotation, too few poses: the caller falls back)."""
-    from packer.slam.imu_align import AlignmentError, align_imu
+    from packer.slam.inertial.imu_align import AlignmentError, align_imu
 
     assert session.imu is not None
     idx = [i for i, f in enumerate(session.frames) if int(f) in poses]

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-import packer.slam.scale
-from packer.slam.imu_align import align_imu
+import packer.slam.scale.scale
+from packer.slam.inertial.imu_align import align_imu
 from packer.slam.rotations import so3_exp, umeyama
-from packer.slam.scale import ScaleOptions, ScaleRefused, solve_scale
+from packer.slam.scale.scale import ScaleOptions, ScaleRefused, solve_scale
 from packer.synth.imu import IMU_RATE, make_imu_model
 from packer.synth.trajectory import GRAVITY, make_trajectory
 
@@ -121,7 +121,7 @@ def solve(s: dict[str, Any], estimate_alignment: bool = True) -> tuple[float, fl
     except ScaleRefused as e:
         return np.nan, np.nan, str(e)
     try:
-        packer.slam.scale._check(r, ScaleOptions())  # the default refusals, on the same fit
+        packer.slam.scale.scale._check(r, ScaleOptions())  # the default refusals, on the same fit
     except ScaleRefused as e:
         return r.scale / s["s_ref"] - 1.0, r.rel_std, str(e)
     return r.scale / s["s_ref"] - 1.0, r.rel_std, ""
@@ -158,7 +158,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="trajectory seed")
     ap.add_argument("--true-alignment", action="store_true", help="skip the gyro alignment (faster)")
     a = ap.parse_args()
-    print(f"solve: {packer.slam.scale.__file__}; trajectory seed {a.seed}, {a.draws} noise draws, "
+    print(f"solve: {packer.slam.scale.scale.__file__}; trajectory seed {a.seed}, {a.draws} noise draws, "
           f"{'true' if a.true_alignment else 'estimated'} gyro alignment")
     print(f"{'configuration':42s} {'reported':>9s} {'empirical':>9s} {'ratio':>6s} {'mean err':>9s} "
           f"{'rms err':>8s} {'refused':>8s} {'s':>6s}")

@@ -1,6 +1,7 @@
 """The shape of the code, checked: data flows one way (shardship kernel <- packer <-
 transfer <- train), no stage imports a later one outside the CLI layer, no file or
-function grows past what a reader takes in at once (docs/ARCHITECTURE.md)."""
+function grows past what a reader takes in at once, no module imports itself back through
+others (docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
 import ast
@@ -97,3 +98,118 @@ def test_one_module_reads_index_json():
                         and f"{p.relative_to(ROOT)} {node.name}" not in NOT_INDEX_READERS):
                     readers.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert not readers, readers
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the four packages by its dotted name (a package by its own)."""
+    out: dict[str, Path] = {}
+    for pkg in ORDER:
+        for p in sources(pkg):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports: every import statement, at module level,
+    inside a function or under TYPE_CHECKING alike (a type-only import closes a circle for
+    the reader and for mypy as much as a run-time one). `from a.b import c` names the
+    module a.b.c where c is one, else a.b; relative imports resolved."""
+    mods = module_names()
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                out.update(o for o in (owner(a.name) for a in node.names) if o)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = m.split(".") if p.name == "__init__.py" else m.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+                for a in node.names:
+                    o = f"{base}.{a.name}" if f"{base}.{a.name}" in mods else owner(base)
+                    if o:
+                        out.add(o)
+        out.discard(m)
+        graph[m] = out
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycle_anywhere():
+    """No module imports itself back through others, counting imports inside functions
+    and under TYPE_CHECKING (issue 41): a circle names every module in it and, for each,
+    the ones in the circle it imports."""
+    graph = import_graph()
+    cycles = import_cycles(graph)
+    assert not cycles, [{m: sorted(graph[m] & set(c)) for m in c} for c in cycles]
+
+
+def test_the_cycle_check_sees_lazy_and_type_only_imports():
+    """The checker itself: a circle closed by a function-level import and one closed under
+    TYPE_CHECKING are both found; a one-way chain is not."""
+    src = {
+        "a": "import b\n",
+        "b": "def f():\n    import a\n",
+        "c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from d import X\n",
+        "d": "from c import Y\n",
+        "e": "import a\n",
+    }
+    graph = {}
+    for m, text in src.items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        graph[m] = names & set(src)
+    assert sorted(import_cycles(graph)) == [["a", "b"], ["c", "d"]]

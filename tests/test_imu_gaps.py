@@ -17,10 +17,10 @@ import pytest
 import packer.imu_gaps as imu_gaps
 from packer.imu_gaps import crosses_gap, find_gaps, gap_spans, second_differences, stretch_of
 from packer.session import Imu, load_session
-from packer.slam.imu_align import align_imu
-from packer.slam.imu_between import ImuCalibration, imu_between
-from packer.slam.interpolate import INTERPOLATED, interpolate_poses
-from packer.slam.scale import ScaleOptions, solve_scale
+from packer.slam.inertial.imu_align import align_imu
+from packer.slam.poses.imu_between import ImuCalibration, imu_between
+from packer.slam.poses.interpolate import INTERPOLATED, interpolate_poses
+from packer.slam.scale.scale import ScaleOptions, solve_scale
 from packer.synth import swift_json, synth_session, truth
 from packer.synth.fault_imu import imu_gap
 from tests.test_slam_math import make_data, rot_angle
@@ -137,7 +137,7 @@ def test_no_imu_factor_spans_a_gap():
     but those around the gap, whose biases the random walk alone ties; a keyframe in
     the gap (no IMU factor) gets a velocity prior, so the system stays determined."""
     gtsam = pytest.importorskip("gtsam")
-    from packer.slam.viba import VibaOptions, _build, _params, _Problem
+    from packer.slam.inertial.viba import VibaOptions, _build, _params, _Problem
 
     t = _cut(np.arange(0.0, 3.0, 0.005), 1.0, 0.5)  # no sample in [1.0, 1.5)
     key_ts = np.arange(0.12, 2.9, 0.1)
@@ -232,8 +232,8 @@ def test_a_refusal_of_a_gapped_session_names_the_gap_and_the_gyro_held_repair_is
     from types import SimpleNamespace
 
     from packer.slam.options import SlamOptions
-    from packer.slam.repaired import repaired_scale
-    from packer.slam.scale_methods import ModelRefused, gaps_named
+    from packer.slam.repair.repaired import repaired_scale
+    from packer.slam.scale.refusals import ModelRefused, gaps_named
     from shardship.errors import SessionError
 
     s = load_session(gapped["d"])

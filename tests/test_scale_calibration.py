@@ -73,7 +73,7 @@ def test_another_recordings_imu_is_refused():
 def _shape(cfg: Config, seed: int, draw: int) -> float:
     from dataclasses import replace
 
-    from packer.slam.scale import ScaleOptions, solve_scale
+    from packer.slam.scale.scale import ScaleOptions, solve_scale
 
     s = session(cfg, seed, draw)
     m = s["model"]
@@ -116,7 +116,7 @@ def _refusal(s: dict) -> Exception | None:
     """The exception the default checks raise on the fit of `s` (the true alignment), or None."""
     from dataclasses import replace
 
-    import packer.slam.scale as scale
+    import packer.slam.scale.scale as scale
 
     m = s["model"]
     off = replace(scale.ScaleOptions(), max_rel_std=1e9, min_explained=-1e9, min_excitation=0.0)
@@ -134,7 +134,7 @@ def test_the_refusals_for_the_models_shape_are_the_ones_the_stage_maps_again():
     gyro's rotations (`gyro_repair`): a path stretched 40% and positions too noisy for
     motion the IMU saw well are the model's fault; a camera that barely translates is
     the recording's, and mapping again cannot help it."""
-    from packer.slam.scale import ShapeRefused
+    from packer.slam.scale.scale import ShapeRefused
 
     stretched = _refusal(session(Config("hand 10 s, stretched 40%", amp=1.0, duration=10.0, frames=(6, 6),
                                         stretch=0.4, jitter=0.0005), 0, draw=0))

@@ -176,7 +176,7 @@ def test_a_still_camera_is_the_reason_given_when_its_model_disagrees_with_the_gy
     # to give is the missing translation, not "record with more texture". Forced here on the
     # true keyframe poses with a gyro limit of 0; a moving camera still gets the gyro refusal.
     from packer.session import load_imu
-    from packer.slam.scale_methods import metric_scale
+    from packer.slam.scale.scale_methods import metric_scale
 
     d = synth_session(tmp_path, "session_2026-01-01_120003", 120, 5,
                       **({"motion": motion} if motion != "default" else {}))
@@ -210,7 +210,7 @@ def test_where_the_bundle_adjustment_cannot_run_the_windowed_answer_stands_and_s
     """`--solver auto` (the default): a model the windowed solve accepted whose bundle
     adjustment could not run at all (`AdjustmentFailed`: it says nothing about the model)
     keeps the windowed scale, and metadata.json names why. (Made to fail here.)"""
-    from packer.slam import viba_scale as vs
+    from packer.slam.scale import viba_scale as vs
 
     def fails(session, *_a, **_k):
         raise session.error("rgb/", "visual-inertial bundle adjustment failed: made to fail", vs.AdjustmentFailed)
@@ -228,7 +228,7 @@ def test_a_refusal_of_the_bundle_adjustment_is_never_overruled_by_the_windowed_a
     """Where the adjustment refuses (the images and the IMU disagree), the session is
     refused, saying the windowed answer it did not accept; nothing is written, and the
     same inputs get the same refusal at once (remembered, not mapped again)."""
-    from packer.slam import viba_scale as vs
+    from packer.slam.scale import viba_scale as vs
 
     calls = []
 

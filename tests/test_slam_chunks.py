@@ -1,4 +1,4 @@
-"""A long session mapped in overlapping parts (packer/slam/chunks.py): the parts cover
+"""A long session mapped in overlapping parts (packer/slam/mapping/chunks.py): the parts cover
 every keyframe, a join recovers the similarity between two parts from their shared
 points, a join the shared cameras contradict is refused (a separate model, never
 glued on), and on a real reconstruction the memory of a long session stays that of
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.slam.chunks import ChunkOptions, chunk_ranges, join
-from packer.slam.colmap import SfmModel
+from packer.slam.mapping.chunks import ChunkOptions, chunk_ranges, join
+from packer.slam.mapping.colmap import SfmModel
 from packer.slam.rotations import make_pose, so3_exp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,10 +171,10 @@ def _parts_check(bend: float) -> dict:
     """`_part_scales` on a 60 s session mapped in two parts whose second half the
     join got `bend` too large (continuous at the join, as a join's scale error is)."""
     from packer.session import Imu
-    from packer.slam.imu_align import align_imu
+    from packer.slam.inertial.imu_align import align_imu
     from packer.slam.options import SlamOptions
-    from packer.slam.scale import solve_scale
-    from packer.slam.scale_methods import _part_scales
+    from packer.slam.scale.scale import solve_scale
+    from packer.slam.scale.scale_methods import _part_scales
     from tests.scale_sim import Config, session
 
     s = session(Config("hand 60 s", duration=60.0, amp=1.0), seed=4, draw=0)

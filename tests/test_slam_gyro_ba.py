@@ -1,4 +1,4 @@
-"""The gyro-calibrated bundle adjustment (`packer.slam.gyro_ba`) and the repair's
+"""The gyro-calibrated bundle adjustment (`packer.slam.inertial.gyro_ba`) and the repair's
 keyframe filter, on small synthetic problems with known truth: a camera on a hand-
 like path whose gyro (with a bias, through a camera-IMU rotation) is integrated
 exactly as the stage integrates it, and a SIMPLE_RADIAL lens."""
@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from packer.slam.gyro_ba import Gyro, Observations, free_rotations, gyro_bundle_adjust
-from packer.slam.gyro_repair import well_seen
+from packer.slam.inertial.gyro_ba import Gyro, Observations, free_rotations, gyro_bundle_adjust
+from packer.slam.repair.gyro_repair import well_seen
 from packer.slam.rotations import so3_exp, so3_log, umeyama
 
 F, CX, CY, K1 = 400.0, 240.0, 180.0, -0.08
@@ -118,8 +118,8 @@ def test_the_true_calibration_fits_the_tracks_better_than_one_3_degrees_off():
     """`gyro_fit_px` picks the repair's start among calibrations: the epipolar fit of the
     gyro's rotations to the tracks is best at the truth (a 3 deg camera-IMU rotation error or
     a 0.02 rad/s bias tilts every pair's epipolar lines)."""
-    from packer.slam.gyro_prior import gyro_fit_px
-    from packer.slam.tracks import Tracks
+    from packer.slam.frontend.tracks import Tracks
+    from packer.slam.inertial.gyro_prior import gyro_fit_px
 
     w = _world(3, K=20)
     o = w["obs"]
@@ -155,7 +155,7 @@ def test_a_keyframe_the_images_barely_place_has_a_large_centre_std():
 def test_free_rotations_of_a_model_with_more_points_than_the_adjustment_keeps():
     """Over `max_points` the adjustment keeps the longest tracks and renumbers them; the free
     rotations come from those (the model's own numbering once indexed past them: IndexError)."""
-    from packer.slam.gyro_ba import GyroBaOptions
+    from packer.slam.inertial.gyro_ba import GyroBaOptions
 
     w = _world(5)
     res = gyro_bundle_adjust(Gyro(w["t"], w["gyro"], w["times"]), w["obs"], w["centres"], w["X"], [F, CX, CY, K1],

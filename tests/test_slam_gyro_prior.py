@@ -1,13 +1,13 @@
-"""`packer/slam/gyro_prior.py` (experimental, `[slam] gyro_prior = true`): the
+"""`packer/slam/inertial/gyro_prior.py` (experimental, `[slam] gyro_prior = true`): the
 translation direction with the gyro's rotation fixed, and the corners the gyro's
 geometry cannot explain (the glove, a finger, a slide), on exact synthetic views."""
 from __future__ import annotations
 
 import numpy as np
 
-from packer.slam import gyro_prior
+from packer.slam.frontend.tracks import Tracks
+from packer.slam.inertial import gyro_prior
 from packer.slam.rotations import so3_exp
-from packer.slam.tracks import Tracks
 
 
 def _views(n: int = 120, seed: int = 0):
@@ -115,7 +115,7 @@ def test_a_plain_stretch_seen_by_few_corners_splits_the_model_on_the_gyro_rotati
     seed 11 such weak links made one model 4.6% off at +-1.18% (`colmap.MIN_MATCHES`)."""
     import dataclasses
 
-    from packer.slam import colmap
+    from packer.slam.mapping import colmap
 
     names, tracks, R_wc, c, K = _two_rooms(tmp_path)
     opts = dataclasses.replace(colmap.SfmOptions(refine_intrinsics=False), hold_rotations=True)
@@ -133,7 +133,7 @@ def test_no_model_on_the_gyro_rotations_says_why_in_the_gyro_s_terms(tmp_path):
 
     import pytest
 
-    from packer.slam import colmap
+    from packer.slam.mapping import colmap
 
     names, tracks, R_wc, _c, K = _two_rooms(tmp_path)
     brief = [np.asarray(i) + 1000 * (k // 2) for k, i in enumerate(tracks.ids)]  # each corner: 2 keyframes

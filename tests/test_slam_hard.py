@@ -15,9 +15,9 @@ import pytest
 from bench.slam_hard import synth_seed
 from packer.effects import LOW_TEXTURE_GRAIN, PROFILES, CameraEffects
 from packer.session import load_session
-from packer.slam.interpolate import interpolate_poses
+from packer.slam.frontend.tracks import track_keyframes
+from packer.slam.poses.interpolate import interpolate_poses
 from packer.slam.rotations import rotation_mean, so3_log, umeyama
-from packer.slam.tracks import track_keyframes
 from packer.synth import synth_session, truth
 from packer.synth.camera import make_glove
 from packer.synth.spec import Rngs
@@ -163,7 +163,7 @@ def test_a_model_that_splits_is_mapped_in_parts_tied_where_the_view_comes_back(t
     way, verified on the gyro's rotation) tie all three in the images (`part_links`):
     accepted within 2% and 3 of its std with no join term left, rotations within 1 deg
     RMS (0.5; 1.0 when the IMU joined them), the parts named."""
-    from packer.slam.repaired import MIN_LINKS
+    from packer.slam.repair.repaired import MIN_LINKS
 
     _d, info = _every_effect_accepted(tmp_path, 12)
     rep = info["gyro_repair"]
@@ -287,7 +287,7 @@ def test_a_plain_stretch_gets_keyframes_halfway_so_each_pair_keeps_enough_corner
     keyframe pair 0.1 s apart shared only 9 corners, under the 15 COLMAP's view graph
     needs, and the model split there. A frame halfway that shares fewer than
     `scarce_shared` tracks with the last keyframe becomes a keyframe too."""
-    from packer.slam.tracks import TrackOptions
+    from packer.slam.frontend.tracks import TrackOptions
 
     motion, fx = PROFILES["all"]
     d = synth_seed(tmp_path, 11, 240, motion, fx)
@@ -311,9 +311,9 @@ def test_a_user_mask_keeps_corners_out(tmp_path: Path):
     mask = np.full((360, 480), 255, np.uint8)
     mask[:, :240] = 0
     cv2.imwrite(str(d / "mask.png"), mask)
+    from packer.slam.frontend.tracks import TrackOptions
     from packer.slam.options import SlamOptions
     from packer.slam.pipeline import _load_mask
-    from packer.slam.tracks import TrackOptions
 
     m = _load_mask(load_session(d), SlamOptions(mask="mask.png").mask)
     tracks = track_keyframes(load_session(d).frame_paths, 6, TrackOptions(mask=m))

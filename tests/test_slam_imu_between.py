@@ -1,4 +1,4 @@
-"""Poses between keyframes from the IMU (`packer.slam.imu_between`) on a fast hand
+"""Poses between keyframes from the IMU (`packer.slam.poses.imu_between`) on a fast hand
 path of `packer.synth` with its exact IMU (200 Hz, bias, noise, a clock offset, a
 camera-IMU rotation), keyframes every 0.1 s with a 0.4 s gap where some did not
 register; against the cubic the stage drew before."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from packer.session import Imu
-from packer.slam.imu_between import ImuCalibration, imu_between
-from packer.slam.interpolate import INTERPOLATED, REGISTERED, interpolate_poses
+from packer.slam.poses.imu_between import ImuCalibration, imu_between
+from packer.slam.poses.interpolate import INTERPOLATED, REGISTERED, interpolate_poses
 from packer.slam.rotations import so3_log
 from packer.synth.imu import make_imu_model
 from packer.synth.trajectory import GRAVITY, make_fast_trajectory

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from packer.slam.scale import ScaleOptions, solve_scale
-from packer.slam.viba import at_camera_centre
+from packer.slam.inertial.viba import at_camera_centre
+from packer.slam.scale.scale import ScaleOptions, solve_scale
 from packer.synth.imu import ImuModel, imu_timestamps, make_imu_model, synth_imu
 from packer.synth.trajectory import make_vigorous_trajectory
 
@@ -78,7 +78,7 @@ def test_the_adjustment_sees_the_camera_centre_acceleration():
 
 
 def _solved(chi2: float, inliers: float, rms: float):
-    from packer.slam.viba import VibaResult
+    from packer.slam.inertial.viba import VibaResult
 
     return VibaResult(T_wc=np.eye(4)[None], scale=1.0, rel_std=0.01, imu_chi2=chi2, visual_chi2=1.0,
                       reprojection_rms=rms, inlier_fraction=inliers, n_points=100, n_observations=1000,
@@ -89,8 +89,8 @@ def test_a_refusal_names_the_side_that_does_not_fit():
     """Images that fit (or a model that turns with the gyro) and an IMU that does not:
     the IMU model is named and "more texture" is not said; images that do not fit get
     the scene's advice."""
-    from packer.slam.viba import VibaOptions
-    from packer.slam.viba_scale import disagreement_reason
+    from packer.slam.inertial.viba import VibaOptions
+    from packer.slam.scale.viba_scale import disagreement_reason
 
     vopt = VibaOptions()
     imu_side = disagreement_reason(_solved(21.0, 0.97, 0.4), vopt)
@@ -107,8 +107,8 @@ def test_a_vigorous_hand_is_not_read_as_gravity():
     0.5 g (fast-phone seed 8), which the median-norm rule read as gravity (and fitted a
     gravity vector into it: 13-22% off). Turned into one frame by the gyro, gravity is a
     constant ~1 g and a hand's acceleration averages out: that tells them apart."""
-    from packer.slam.imu_align import ImuTrack
-    from packer.slam.scale import GRAVITY, detect_accel_mode
+    from packer.slam.inertial.imu_align import ImuTrack
+    from packer.slam.scale.scale import GRAVITY, detect_accel_mode
 
     traj, model, tau, accel, gyro, *_ = _session(5, (0.03, -0.06, 0.01))
     t = tau - model.offset
@@ -126,8 +126,8 @@ def test_gravity_is_still_seen_over_a_long_session_with_a_drifting_gyro():
     """5 minutes of an accelerometer that carries gravity, the device turning about a
     tilted axis, integrated with a gyro 0.005 rad/s off (1.5 rad of drift): stretches of
     20 s keep gravity's ~1 g in view."""
-    from packer.slam.imu_align import ImuTrack
-    from packer.slam.scale import GRAVITY, detect_accel_mode
+    from packer.slam.inertial.imu_align import ImuTrack
+    from packer.slam.scale.scale import GRAVITY, detect_accel_mode
     from packer.synth.trajectory import so3_exp
 
     t = np.arange(0.0, 300.0, 0.005)

@@ -7,16 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packer.slam.heuristic import heuristic_scale
-from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu, refine_by_orientation
-from packer.slam.interpolate import INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
-from packer.slam.marker import (
-    MarkerError,
-    marker_camera_centres,
-    parse_known_distance,
-    scale_from_known_distance,
-    scale_from_marker,
-)
+from packer.slam.inertial.imu_align import AlignmentError, ImuAlignment, align_imu, refine_by_orientation
+from packer.slam.poses.interpolate import INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
 from packer.slam.rotations import (
     cumulative_rotations,
     make_pose,
@@ -28,7 +20,15 @@ from packer.slam.rotations import (
     so3_log,
     umeyama,
 )
-from packer.slam.scale import ImuTrack, ScaleOptions, ScaleRefused, solve_scale
+from packer.slam.scale.heuristic import heuristic_scale
+from packer.slam.scale.marker import (
+    MarkerError,
+    marker_camera_centres,
+    parse_known_distance,
+    scale_from_known_distance,
+    scale_from_marker,
+)
+from packer.slam.scale.scale import ImuTrack, ScaleOptions, ScaleRefused, solve_scale
 
 G = 9.80665
 
@@ -225,7 +225,7 @@ def test_offset_scan_in_blocks_equals_one_offset_at_a_time():
     """The coarse search scores thousands of offsets in blocks (one interpolation each):
     the same numbers as scoring one offset at a time, -inf where too few intervals fall
     inside the IMU recording, across block boundaries."""
-    from packer.slam.imu_align import GyroIntegral, _OffsetSearch, visual_increments
+    from packer.slam.inertial.imu_align import GyroIntegral, _OffsetSearch, visual_increments
 
     d = make_data(seed=5, offset=0.25, gyro_bias=np.array([0.004, -0.003, 0.002]))
     a, b, phi = visual_increments(d["kt"], d["R"])
@@ -243,7 +243,7 @@ def test_the_worst_stretch_of_a_model_is_where_its_rotations_went_wrong():
     """A model right everywhere but 4.0-4.6 s into the video, where its rotations wander
     by up to 3 deg (sliding tracks on a plain patch): the second a refusal names covers
     that stretch and holds most of the disagreement; a right model has no such stretch."""
-    from packer.slam.imu_align import worst_stretch
+    from packer.slam.inertial.imu_align import worst_stretch
 
     d = make_data(seed=5, offset=0.25, gyro_bias=np.array([0.004, -0.003, 0.002]))
     kt = d["kt"]

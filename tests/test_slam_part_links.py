@@ -3,9 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.slam.colmap import SfmModel
-from packer.slam.part_links import imu_joins, link_parts, observation_tracks, point_tracks, segments, shared_points
-from packer.slam.tracks import Tracks
+from packer.slam.frontend.tracks import Tracks
+from packer.slam.mapping.colmap import SfmModel
+from packer.slam.mapping.part_links import (
+    imu_joins,
+    link_parts,
+    observation_tracks,
+    point_tracks,
+    segments,
+    shared_points,
+)
 
 
 def _tracks() -> Tracks:

@@ -1,4 +1,4 @@
-"""The repair in parts (`packer.slam.repaired`): which stretches a repaired model left
+"""The repair in parts (`packer.slam.repair.repaired`): which stretches a repaired model left
 out are mapped alone, and how parts in their own units are joined in one world, on
 small problems with known truth (the pipeline's route through it is in the bench:
 every-effect seeds 10 and 40, whose re-mapped model splits)."""
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packer.slam.colmap import SfmModel
-from packer.slam.gyro_repair import RepairFailed
-from packer.slam.repaired import join_parts, left_out
+from packer.slam.mapping.colmap import SfmModel
+from packer.slam.repair.gyro_repair import RepairFailed
+from packer.slam.repair.repaired import join_parts, left_out
 from packer.slam.rotations import so3_exp, umeyama
-from packer.slam.viba_scale import join_rel_std
+from packer.slam.scale.viba_scale import join_rel_std
 
 STEP = 6  # frames per keyframe (0.1 s at 60 fps)
 
@@ -126,7 +126,7 @@ def test_the_std_a_join_adds_is_the_scale_an_offset_there_moves():
 def test_a_part_placed_across_a_longer_gap_gets_a_larger_offset():
     """`join_offsets`: JOIN_OFFSET up to JOIN_GAP, then in proportion to the gap; per-join
     offsets in `join_rel_std` add in quadrature like equal ones."""
-    from packer.slam.repaired import JOIN_GAP, JOIN_OFFSET, join_offsets
+    from packer.slam.repair.repaired import JOIN_GAP, JOIN_OFFSET, join_offsets
 
     ts = np.array([0.0, 0.1, 0.2, 0.2 + JOIN_GAP / 2, 0.3 + JOIN_GAP / 2, 0.4 + 2.5 * JOIN_GAP, 0.5 + 2.5 * JOIN_GAP])
     assert join_offsets(ts, (3, 5)) == pytest.approx((JOIN_OFFSET, JOIN_OFFSET * (2 * JOIN_GAP + 0.1) / JOIN_GAP))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.slam.revisits import MIN_INLIERS, candidate_pairs, mutual_matches, renamed, verified
+from packer.slam.frontend.tracks import Tracks
+from packer.slam.mapping.revisits import MIN_INLIERS, candidate_pairs, mutual_matches, renamed, verified
 from packer.slam.rotations import so3_exp
-from packer.slam.tracks import Tracks
 
 
 def test_keyframes_are_paired_across_parts_or_far_apart_in_time_when_they_look_the_same_way():

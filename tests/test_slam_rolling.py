@@ -1,4 +1,4 @@
-"""The rolling shutter taken out of the tracks (`packer/slam/rolling.py`): the
+"""The rolling shutter taken out of the tracks (`packer/slam/frontend/rolling.py`): the
 correction itself, the readout search, and one real fast-motion session with a
 20 ms readout through `packer slam` at the defaults (refused before the correction:
 its model disagreed with the gyro)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packer.slam import rolling
-from packer.slam.tracks import Tracks
+from packer.slam.frontend import rolling
+from packer.slam.frontend.tracks import Tracks
 
 
 def _tracks(points: list[np.ndarray], velocity: list[np.ndarray]) -> Tracks:
@@ -103,7 +103,7 @@ def test_fast_motion_with_a_rolling_shutter_is_accepted_at_the_defaults(tmp_path
 
 
 def test_a_corner_new_at_a_keyframe_takes_its_motion_to_the_next_frame():
-    from packer.slam.tracks import _fill_forward
+    from packer.slam.frontend.tracks import _fill_forward
 
     v = np.array([[1.0, 2.0], [np.nan, np.nan], [np.nan, np.nan]], np.float32)
     ids = np.array([10, 11, 12])

@@ -1,12 +1,12 @@
-"""The tracks' rotation chain (`packer.slam.rotation_chain`): the second try's start when
+"""The tracks' rotation chain (`packer.slam.mapping.rotation_chain`): the second try's start when
 every gyro alignment on a model is wrong."""
 from __future__ import annotations
 
 import numpy as np
 
-from packer.slam.rotation_chain import bearings, chain_rotations, pair_rotation
+from packer.slam.frontend.tracks import Tracks
+from packer.slam.mapping.rotation_chain import bearings, chain_rotations, pair_rotation
 from packer.slam.rotations import so3_exp, so3_log
-from packer.slam.tracks import Tracks
 
 CAM = [330.0, 240.0, 180.0, 0.0]
 

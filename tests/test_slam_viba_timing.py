@@ -1,12 +1,12 @@
 """The clock offset and readout searches of the visual-inertial bundle adjustment
-(`packer.slam.viba_timing`) on costs whose minimum is known. The search on real
+(`packer.slam.inertial.viba_timing`) on costs whose minimum is known. The search on real
 renders: tests/test_slam_hard.py (every-effect seed 44, its repaired offset 8.8 ms off)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from packer.slam.viba_timing import READOUTS, best_timing, estimate_readout, parabola_tip, profile_min
+from packer.slam.inertial.viba_timing import READOUTS, best_timing, estimate_readout, parabola_tip, profile_min
 
 
 def test_the_parabola_tip_is_the_vertex_and_stays_between_the_points():
@@ -82,7 +82,7 @@ def test_best_lever_walks_each_axis_to_the_minimum_within_reach():
     coupling between the axes): from the windowed solve's estimate 6 mm off on one axis
     and 2-4 mm on the others, each axis is walked and its parabola taken; outside the
     reach it stops at the bound; a solve that fails costs inf and is walked around."""
-    from packer.slam.viba_timing import best_lever
+    from packer.slam.inertial.viba_timing import best_lever
 
     true = np.array([-0.0547, -0.0020, 0.0017])
     H = np.array([[4.0, 0.5, 0.2], [0.5, 3.0, 0.3], [0.2, 0.3, 2.0]]) * 1e5

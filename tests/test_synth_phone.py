@@ -56,8 +56,8 @@ def test_a_vigorous_hands_samples_carry_no_gravity(tmp_path):
     d = synth_session(tmp_path, "session_2026-01-01_120000", 300, seed=8, motion=motion, effects=fx,
                       rig=PHONE_RIGS["fast-phone"])
     imu = load_imu(load_session(d))
-    from packer.slam.imu_align import ImuTrack
-    from packer.slam.scale import GRAVITY, detect_accel_mode
+    from packer.slam.inertial.imu_align import ImuTrack
+    from packer.slam.scale.scale import GRAVITY, detect_accel_mode
 
     assert np.median(np.linalg.norm(imu.accel, axis=1)) > 0.35
     assert detect_accel_mode(imu.accel, ImuTrack(imu.t, imu.accel * GRAVITY, imu.gyro)) == "removed"

@@ -1,4 +1,4 @@
-"""`--solver viba`: the visual-inertial bundle adjustment (packer/slam/viba.py).
+"""`--solver viba`: the visual-inertial bundle adjustment (packer/slam/inertial/viba.py).
 
 The pure parts (rolling-shutter correction, the structure's re-indexing) on
 constructed data; the solver end to end on real renders and real pycolmap, as
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from packer.effects import PROFILES
-from packer.slam.colmap import SfmModel
+from packer.slam.inertial.viba_inputs import keyframe_structure, rolling_shutter_correct
+from packer.slam.mapping.colmap import SfmModel
 from packer.slam.rotations import so3_exp
-from packer.slam.viba_inputs import keyframe_structure, rolling_shutter_correct
 from packer.synth import synth_session, truth
 from tests.test_slam_hard import REASONS, _errors, _slam_cli, assert_never_wrong
 
@@ -111,9 +111,9 @@ def test_a_scale_left_uncertain_says_more_translation_only_when_the_imu_saw_litt
     more translation" is the fix only where the IMU saw little motion (a 9 m hand path
     with few features needs texture, not more travel)."""
     from packer.session import Session
+    from packer.slam.inertial.viba import VibaOptions, VibaResult
     from packer.slam.options import SlamOptions
-    from packer.slam.viba import VibaOptions, VibaResult
-    from packer.slam.viba_scale import _check
+    from packer.slam.scale.viba_scale import _check
     from shardship.errors import SessionError
 
     s = Session(Path("/data/raw/session_2026-03-01_100000"), "session_2026-03-01_100000", np.arange(3), [],
@@ -140,7 +140,7 @@ def test_a_rolling_shutter_correction_adds_its_term_to_the_std_in_proportion_up_
     """`model_rel_std`: the terms add in quadrature; the readout's grows with the readout
     the observations were corrected for, up to READOUT_REF, and is nothing without one
     (a global shutter, or none measured)."""
-    from packer.slam.viba_scale import READOUT_REF, READOUT_REL_STD, model_rel_std
+    from packer.slam.scale.viba_scale import READOUT_REF, READOUT_REL_STD, model_rel_std
 
     assert model_rel_std(0.003, 0.004, 0.0, READOUT_REL_STD) == pytest.approx(0.005)
     full = model_rel_std(0.0, 0.0015, READOUT_REF, READOUT_REL_STD)

@@ -19,7 +19,7 @@ from packer.encoders import JOINTS, READ_ERROR, esp_clock, parse_rows
 from packer.imu import read_imu
 from packer.jsonfile import read_json
 from packer.report.series import Series
-from packer.slam.imu_align import GyroIntegral
+from packer.slam.inertial.imu_align import GyroIntegral
 from packer.slam.rotations import so3_log
 from shardship.errors import SessionError
 

@@ -5,11 +5,10 @@ Public API:
     slam_sessions(paths, opts, jobs) -> list[SlamResult]
     interpolate_poses(frame_ts, key_ts, key_poses) -> (poses (N,4,4), flags (N,))
 """
-from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
-from packer.slam.options import SlamOptions
+from packer.slam.options import SCALE_METHODS, SlamOptions
 from packer.slam.pipeline import SlamResult, slam_session, slam_sessions
-from packer.slam.scale import ScaleOptions
-from packer.slam.scale_methods import SCALE_METHODS
+from packer.slam.poses.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
+from packer.slam.scale.scale import ScaleOptions
 
 __all__ = [
     "FLAG_NAMES",

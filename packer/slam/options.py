@@ -7,11 +7,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from packer.slam.colmap import FRONTENDS, MAPPERS, SfmOptions
-from packer.slam.marker import MarkerError, parse_known_distance
-from packer.slam.scale import ScaleOptions
-from packer.slam.scale_methods import SCALE_METHODS, SOLVERS
+from packer.slam.mapping.colmap import FRONTENDS, MAPPERS, SfmOptions
+from packer.slam.scale.marker import MarkerError, parse_known_distance
+from packer.slam.scale.scale import ScaleOptions
 from shardship.errors import ShardshipError
+
+SCALE_METHODS = ("imu", "marker", "known-distance", "none")
+SOLVERS = ("auto", "window", "viba")  # --scale imu: the windowed solve's checks then the visual-inertial bundle
+# adjustment's scale, the windowed accelerometer solve alone, or the bundle adjustment alone
 
 
 @dataclass
@@ -39,7 +42,8 @@ class SlamOptions:
     refine_intrinsics: bool = True  # focal length and k1 refined from calib.txt's start (SIMPLE_RADIAL)
     mask: str | None = None  # a PNG the size of the frames: black where corners must not be tracked (a mount)
     chunk_keyframes: int = 400  # longer sessions are mapped in parts of at most this many keyframes, joined on
-    # shared points (packer/slam/chunks.py): memory and time per part stay those of a ~40 s session; 0: never split
+    # shared points (packer/slam/mapping/chunks.py): memory and time per part stay those of a ~40 s session;
+    # 0: never split
     chunk_overlap: int = 40  # keyframes two consecutive parts share (the join is fitted on them)
     min_frames: int = 10
     min_registered: float = 0.5  # refuse below this registered fraction
@@ -61,9 +65,10 @@ class SlamOptions:
     # trajectory alone) | "viba" (the bundle adjustment alone, GTSAM: poses, landmarks, camera and scale solved with
     # the IMU; bench/results/viba.md)
     rolling_shutter: float | None = None  # the sensor's readout in s (0: global shutter); None: measured against the
-    # gyro on the busiest 4 s (packer/slam/rolling.py); the tracks (and viba's observations) are corrected for it
+    # gyro on the busiest 4 s (packer/slam/frontend/rolling.py); the tracks (and viba's observations) are corrected
+    # for it
     gyro_prior: bool = False  # experimental: the gyro's relative rotations as the SfM's two-view rotations, and tracks
-    # off the gyro's geometry dropped (packer/slam/gyro_prior.py; bench/results/slam_hard_rolling.csv)
+    # off the gyro's geometry dropped (packer/slam/inertial/gyro_prior.py; bench/results/slam_hard_rolling.csv)
     seed: int = 0
     scale_options: ScaleOptions = field(default_factory=ScaleOptions)
     progress: bool = True

@@ -17,18 +17,21 @@ from typing import Any
 import numpy as np
 
 from packer.session import CAPTURE_ARKIT, Imu, Session, load_imu, load_session
-from packer.slam import gyro_repair, repaired, rolling, store
-from packer.slam.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
-from packer.slam.clock_drift import dropped_reason, offsets_by_third
-from packer.slam.colmap import SfmError, SfmModel
-from packer.slam.imu_between import ImuCalibration, imu_between
-from packer.slam.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
-from packer.slam.marker import MarkerError, parse_known_distance
+from packer.slam import store
+from packer.slam.frontend import rolling
+from packer.slam.frontend.tracks import TrackOptions, Tracks, read_gray, track_keyframes
+from packer.slam.inertial.clock_drift import dropped_reason, offsets_by_third
+from packer.slam.mapping.chunks import ChunkOptions, chunk_ranges, reconstruct_chunked
+from packer.slam.mapping.colmap import SfmError, SfmModel
 from packer.slam.options import SlamOptions
 from packer.slam.plot import plot_session, plot_stored
-from packer.slam.scale_methods import ModelRefused, baseline_reason, gaps_named, metric_scale
+from packer.slam.poses.imu_between import ImuCalibration, imu_between
+from packer.slam.poses.interpolate import FLAG_NAMES, INTERPOLATED, OUTSIDE, REGISTERED, interpolate_poses
+from packer.slam.repair import gyro_repair, repaired
+from packer.slam.scale.marker import MarkerError, parse_known_distance
+from packer.slam.scale.refusals import ModelRefused, baseline_reason, gaps_named
+from packer.slam.scale.scale_methods import metric_scale
 from packer.slam.stages import Stages
-from packer.slam.tracks import TrackOptions, Tracks, read_gray, track_keyframes
 from shardship import __version__
 from shardship.errors import SessionError, ShardshipError
 
@@ -180,7 +183,7 @@ def _solved(session: Session, opts: SlamOptions, stages: Callable[[str], None], 
         "frontend_used": model.frontend_note or opts.frontend,
         "rolling_shutter": model.rolling_shutter,  # s, the readout the tracks were corrected for (None: unknown)
         "rolling_shutter_curve": model.rolling_shutter_curve or None,  # candidate ms -> gyro disagreement
-        "sfm_parts": model.chunks or None,  # a long session mapped in parts (packer/slam/chunks.py): each join
+        "sfm_parts": model.chunks or None,  # a long session mapped in parts (packer/slam/mapping/chunks.py): each join
         "camera_convention": "opencv (x right, y down, z forward); transform is camera-to-world",
         "world": "SfM frame, origin at the first registered keyframe, scaled to metres when metric",
     }

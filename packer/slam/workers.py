@@ -5,7 +5,7 @@ SfM's memory grows faster than the number of keyframes it maps: peaks measured i
 GLOMAP's mapping stage were 334 MB for 30 s (301 keyframes) and 1,067 MB for 90 s
 (901 keyframes) mapped whole, which a base, a linear and a quadratic term fit. A
 long session is mapped in parts of at most `[slam] chunk_keyframes`
-(packer/slam/chunks.py), so the quadratic term is that of one part and only a small
+(packer/slam/mapping/chunks.py), so the quadratic term is that of one part and only a small
 linear one grows with the whole session (`estimate_mb`). The number of processes
 is cut to what MemAvailable holds (`memory_jobs`). Should the out-of-memory
 killer (SIGKILL) still end a worker, the executor breaks for every session it
@@ -35,7 +35,7 @@ FPS = 60.0  # the app's frame rate, to turn a frame count into seconds
 def estimate_mb(n_frames: int, fps: float = FPS, chunk_keyframes: int = 400, overlap: int = 40) -> float:
     """Peak memory of one session's SLAM, from its frame count and the part size
     (`chunk_keyframes`, 0: mapped whole)."""
-    from packer.slam.chunks import chunk_ranges
+    from packer.slam.mapping.chunks import chunk_ranges
 
     k = int(KEYFRAMES_PER_S * n_frames / max(fps, 1.0))
     part = max((b - a for a, b in chunk_ranges(k, chunk_keyframes, overlap)), default=0)

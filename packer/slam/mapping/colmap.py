@@ -1,6 +1,6 @@
 """Structure from motion with pycolmap (the wheel ships COLMAP; no CLI install).
 
-Correspondences come from one of two front-ends: KLT tracks (`packer.slam.tracks`,
+Correspondences come from one of two front-ends: KLT tracks (`packer.slam.frontend.tracks`,
 the default: the frames are a video, so following corners is ~10x cheaper than
 describing and matching them) written into COLMAP's database and geometrically
 verified by COLMAP, or SIFT with sequential matching (the COLMAP way, kept as the
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.slam.tracks import Tracks
+from packer.slam.frontend.tracks import Tracks
 
 MAPPERS = ("global", "incremental")
 FRONTENDS = ("klt", "sift")
@@ -50,7 +50,7 @@ class SfmOptions:
     refine_intrinsics: bool = True  # calib.txt as the start of a SIMPLE_RADIAL camera whose focal length and k1
     # bundle adjustment refines (the user's own COLMAP settings): calib.txt is the app's nominal matrix
     hold_rotations: bool = False  # global mapper with the gyro's rotations (tracks.rotations): its bundle
-    # adjustments keep them (the start of `packer.slam.gyro_repair`)
+    # adjustments keep them (the start of `packer.slam.repair.gyro_repair`)
 
 
 @dataclass
@@ -78,7 +78,7 @@ class SfmModel:
     # the other models GLOMAP's pruning split off, largest first (covisibility clusters; `repaired` maps them as parts)
     check_R_wc: np.ndarray | None = None  # (M,3,3) a model whose rotations are the gyro's (`gyro_repair`): the
     # rotations its images want, in the registered keyframes' time order; the gyro check is made on these
-    # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.viba`): 3-D points
+    # the structure, compact, for the visual-inertial bundle adjustment (`packer.slam.inertial.viba`): 3-D points
     # (P,3) and every observation as (image index into names, point index, pixel x, y) in (K,) / (K,2) arrays
     points_xyz: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     obs_image: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -278,10 +278,10 @@ def _track_matches(pycolmap, db: Path, image_dir: Path, image_names: list[str], 
 
 def _gyro_geometries(pycolmap, db: Path, image_names: list[str], tracks: Tracks,
                      intrinsics: tuple[float, float, float, float]) -> None:
-    """Every verified pair's relative pose from the gyro (`packer.slam.gyro_prior`):
+    """Every verified pair's relative pose from the gyro (`packer.slam.inertial.gyro_prior`):
     the rotation between the two keyframes' gyro orientations, the translation's
     direction from the pair's inlier matches with that rotation fixed."""
-    from packer.slam.gyro_prior import bearings, translation_direction
+    from packer.slam.inertial.gyro_prior import bearings, translation_direction
 
     assert tracks.rotations is not None
     d = pycolmap.Database.open(str(db))

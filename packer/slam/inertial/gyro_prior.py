@@ -21,13 +21,13 @@ import numpy as np
 
 if TYPE_CHECKING:
     from packer.session import Imu
-    from packer.slam.imu_align import ImuAlignment
+    from packer.slam.inertial.imu_align import ImuAlignment
 
 
 def gyro_rotations(imu: Imu, al: ImuAlignment, times: np.ndarray) -> np.ndarray:
     """(K,3,3) camera-to-world rotations at frame `times` from the gyro alone (its
     own world: one rotation away from the SfM's, which relative poses do not see)."""
-    from packer.slam.imu_align import gyro_orientation
+    from packer.slam.inertial.imu_align import gyro_orientation
 
     return gyro_orientation(imu.t - al.offset, imu.gyro - al.gyro_bias, times) @ al.R_ic
 
@@ -129,7 +129,7 @@ def drop_off_gyro(tracks, camera: list[float], max_px: float = 3.0, min_share: f
     """`tracks` without the tracks that are off the gyro's geometry (`off_the_gyro`)
     at `min_share` or more of the consecutive keyframe pairs they span: the whole
     track goes, since a corner on the glove was never a scene point."""
-    from packer.slam.tracks import without
+    from packer.slam.frontend.tracks import without
 
     assert tracks.rotations is not None
     votes: dict[int, int] = {}

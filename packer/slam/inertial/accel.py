@@ -1,7 +1,7 @@
 """What the accelerometer says on its own, before any fit: whether it carries gravity
 (`detect_accel_mode`), how much motion it saw (`excitation`), and what it would have
 read at the camera centre (`at_camera_centre`). Shared by the windowed solve
-(`packer.slam.scale`) and the visual-inertial bundle adjustment (`packer.slam.viba`)."""
+(`packer.slam.scale.scale`) and the visual-inertial bundle adjustment (`packer.slam.inertial.viba`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -10,8 +10,8 @@ from typing import Protocol
 import numpy as np
 
 from packer.imu_gaps import stretches
-from packer.slam.imu_align import ImuTrack
-from packer.slam.lsq import lstsq as _lstsq
+from packer.slam.inertial.imu_align import ImuTrack
+from packer.slam.scale.lsq import lstsq as _lstsq
 
 GRAVITY = 9.80665  # the accelerometer's g unit (m/s^2)
 

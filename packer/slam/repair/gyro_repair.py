@@ -23,7 +23,7 @@ whose only start was 100 deg off). Then:
    returned for the gyro check (`SfmModel.check_R_wc`): the repaired model passes
    only if the images do not pull away from the rotations forced on them.
 
-Its scale: `packer.slam.repaired`.
+Its scale: `packer.slam.repair.repaired`.
 Not for models mapped in parts or without KLT tracks (`--frontend sift`)."""
 from __future__ import annotations
 
@@ -33,18 +33,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packer.slam import colmap
-from packer.slam.gyro_ba import Gyro, GyroBaOptions, GyroBaResult, Observations, free_rotations, gyro_bundle_adjust
-from packer.slam.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
-from packer.slam.imu_align import AlignmentError, align_imu
-from packer.slam.rotation_chain import chain_rotations
+from packer.slam.inertial.gyro_ba import (
+    Gyro,
+    GyroBaOptions,
+    GyroBaResult,
+    Observations,
+    free_rotations,
+    gyro_bundle_adjust,
+)
+from packer.slam.inertial.gyro_prior import drop_off_gyro, gyro_fit_px, gyro_rotations
+from packer.slam.inertial.imu_align import AlignmentError, align_imu
+from packer.slam.mapping import colmap
+from packer.slam.mapping.rotation_chain import chain_rotations
 from packer.slam.rotations import rotation_mean, so3_log
 
 if TYPE_CHECKING:
     from packer.session import Imu, Session
-    from packer.slam.imu_align import ImuAlignment
+    from packer.slam.frontend.tracks import Tracks
+    from packer.slam.inertial.imu_align import ImuAlignment
     from packer.slam.options import SlamOptions
-    from packer.slam.tracks import Tracks
 
 MIN_OBSERVATIONS = 30  # a keyframe seeing fewer points (or under a fifth of the median) is left out: its centre
 # would rest on a handful of short tracks (every-effect seed 7: 7 observations, 0.29 m off, the scale refused)
@@ -74,7 +81,7 @@ class Repaired:
     model: colmap.SfmModel  # the re-mapped model: camera, reprojection error, check_R_wc from the adjustment
     fields: dict[str, Any]  # metadata.json's "gyro_repair"
     calibration: Calibration  # the adjustment's gyro calibration (offset, R_ic, bias) and camera [f, cx, cy, k1]
-    joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repaired`): where each later part the IMU alone
+    joins: tuple[int, ...] = ()  # mapped in parts (`packer.slam.repair.repaired`): where each later part the IMU alone
     # places begins (parts the images tie are one piece: `part_links.imu_joins`)
     moves: tuple[np.ndarray, ...] = ()  # per join, the keyframes its placement moves
     clusters: list[colmap.SfmModel] = dataclasses.field(default_factory=list)  # the other clusters GLOMAP split off

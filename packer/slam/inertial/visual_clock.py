@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.slam.imu_align import AlignmentError, align_imu
-from packer.slam.tracks import track_keyframes
+from packer.slam.frontend.tracks import track_keyframes
+from packer.slam.inertial.imu_align import AlignmentError, align_imu
 
 SECONDS = 10.0  # of the recording's start tracked: enough rotation, a few seconds of CPU whatever the length
 STEP = 3  # frames between keyframes

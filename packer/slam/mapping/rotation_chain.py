@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from packer.slam.tracks import Tracks
+    from packer.slam.frontend.tracks import Tracks
 
 
 def bearings(points: np.ndarray, camera: list[float]) -> np.ndarray:

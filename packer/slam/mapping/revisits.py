@@ -1,5 +1,5 @@
 """One place seen again in another part: the tracks of a model mapped in parts that
-are the same corner (`packer.slam.repaired`, `packer.slam.part_links`).
+are the same corner (`packer.slam.repair.repaired`, `packer.slam.mapping.part_links`).
 
 Where the view turns plain for a moment, every KLT track dies and GLOMAP splits the
 model into parts that share no track; the IMU alone then places each later part.
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from packer.slam.gyro_prior import epipolar_px, translation_direction, undistorted_bearings
-from packer.slam.rolling import readout_shift
+from packer.slam.frontend.rolling import readout_shift
+from packer.slam.inertial.gyro_prior import epipolar_px, translation_direction, undistorted_bearings
 from packer.slam.rotations import so3_log
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from packer.slam.tracks import Tracks
+    from packer.slam.frontend.tracks import Tracks
 
 MAX_TURN_DEG = 15.0  # keyframes of two parts are compared when their rotations differ by at most this (a SIFT
 # descriptor at a fixed orientation tolerates about that much roll)

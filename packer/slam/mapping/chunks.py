@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from packer.slam.colmap import SfmError, SfmModel, SfmOptions, reconstruct
+from packer.slam.frontend.tracks import Tracks
+from packer.slam.mapping.colmap import SfmError, SfmModel, SfmOptions, reconstruct
 from packer.slam.rotations import rotation_mean
-from packer.slam.tracks import Tracks
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The visual-inertial bundle adjustment's inputs, prepared in numpy (no GTSAM):
 the structure re-indexed to the pipeline's keyframes, which tracks to use, the
 IMU's noise measured on its own samples, and observations moved to where a global
-shutter would have seen them. Apart from `packer.slam.viba` so each reads alone
+shutter would have seen them. Apart from `packer.slam.inertial.viba` so each reads alone
 and so these can be tested without building a graph."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from packer.imu_gaps import second_differences
 
 if TYPE_CHECKING:
-    from packer.slam.colmap import SfmModel
+    from packer.slam.mapping.colmap import SfmModel
 
 
 def keyframe_structure(model: SfmModel, names: list[str]) -> SfmModel:

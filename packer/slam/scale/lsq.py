@@ -1,4 +1,4 @@
-"""Least-squares helpers of the scale solve (`packer.slam.scale`): plain, with a
+"""Least-squares helpers of the scale solve (`packer.slam.scale.scale`): plain, with a
 noisy regressor column corrected (errors in variables), and one unknown's marginal
 variance, none forming an inverse."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ world, no clock offset: IMU and frames are aligned by their first timestamps),
 remove the window mean, and divide the mean speed by the mean SfM speed (finite
 differences, also mean-removed); the scale is the trimmed median of the window
 ratios. Ignoring rotation and offset is what makes it wrong by tens of percent when
-the camera turns; `packer.slam.scale` is the replacement."""
+the camera turns; `packer.slam.scale.scale` is the replacement."""
 from __future__ import annotations
 
 import numpy as np

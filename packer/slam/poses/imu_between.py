@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.imu_gaps import crosses_gap, gap_spans
-from packer.slam.imu_align import ImuTrack
-from packer.slam.interpolate import INTERPOLATED
+from packer.slam.inertial.accel import GRAVITY
+from packer.slam.inertial.imu_align import ImuTrack
+from packer.slam.poses.interpolate import INTERPOLATED
 from packer.slam.rotations import so3_exp, so3_log
-from packer.slam.scale import GRAVITY
 
 if TYPE_CHECKING:
     from packer.session import Imu

@@ -1,6 +1,6 @@
 """Metric scale by a visual-inertial bundle adjustment (VI-BA) over the keyframes, with GTSAM.
 
-Why: the windowed accelerometer solve (`packer.slam.scale`) takes the SfM trajectory
+Why: the windowed accelerometer solve (`packer.slam.scale.scale`) takes the SfM trajectory
 as given and fits one scale to it. When the reconstruction is distorted (plain
 surfaces, sliding tracks: its parts at scales a few % apart, rotations that disagree
 with the gyro) no single scale fits, and that solve can only refuse. Here the
@@ -50,10 +50,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.imu_gaps import crosses_gap, gap_spans, stretch_of
-from packer.slam.accel import GRAVITY, at_camera_centre
+from packer.slam.inertial.accel import GRAVITY, at_camera_centre
+from packer.slam.inertial.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
+from packer.slam.inertial.viba_timing import best_lever, best_timing, estimate_readout
 from packer.slam.rotations import umeyama
-from packer.slam.viba_inputs import imu_noise_densities, rolling_shutter_correct, select_tracks
-from packer.slam.viba_timing import best_lever, best_timing, estimate_readout
 
 
 class VibaError(ValueError):

@@ -1,5 +1,5 @@
 """`--scale imu --solver viba`: the metric scale and refined keyframe poses from the
-visual-inertial bundle adjustment (`packer.slam.viba`), with its refusals.
+visual-inertial bundle adjustment (`packer.slam.inertial.viba`), with its refusals.
 
 Kept apart from `scale_methods` (the windowed solve's path) because this path
 differs in what it trusts: the gyro-vs-SfM disagreement is not a refusal here (the
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.session import Imu, Session
-from packer.slam.imu_align import AlignmentError, ImuAlignment, align_imu
-from packer.slam.scale import ScaleRefused, ScaleResult, still_reason
-from packer.slam.scale_methods import estimate_only, refuse_disagreement
-from packer.slam.viba import VibaError, VibaOptions, VibaResult, solve_viba
-from packer.slam.viba_inputs import keyframe_structure
+from packer.slam.inertial.imu_align import AlignmentError, ImuAlignment, align_imu
+from packer.slam.inertial.viba import VibaError, VibaOptions, VibaResult, solve_viba
+from packer.slam.inertial.viba_inputs import keyframe_structure
+from packer.slam.scale.refusals import estimate_only, refuse_disagreement
+from packer.slam.scale.scale import ScaleRefused, ScaleResult, still_reason
 from shardship.errors import SessionError
 
 if TYPE_CHECKING:
-    from packer.slam.colmap import SfmModel
+    from packer.slam.mapping.colmap import SfmModel
     from packer.slam.options import SlamOptions
 
 

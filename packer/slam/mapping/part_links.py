@@ -1,4 +1,4 @@
-"""Visual links across the joins of a model mapped in parts (`packer.slam.repaired`).
+"""Visual links across the joins of a model mapped in parts (`packer.slam.repair.repaired`).
 
 GLOMAP prunes a model into clusters of strong covisibility; a corner the KLT tracker
 followed across the boundary still lies in both, as two points (one per part) or as
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from packer.slam.colmap import SfmModel
-    from packer.slam.tracks import Tracks
+    from packer.slam.frontend.tracks import Tracks
+    from packer.slam.mapping.colmap import SfmModel
 
 QUANT = 64.0  # pixel positions compared on a 1/64 px grid (they are equal to the float32 digit when they match)
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.slam.gyro_prior import undistorted_bearings
-from packer.slam.imu_align import gyro_orientation
+from packer.slam.inertial.gyro_prior import undistorted_bearings
+from packer.slam.inertial.imu_align import gyro_orientation
+from packer.slam.inertial.viba_inputs import select_tracks
 from packer.slam.rotations import so3_exp, so3_log
-from packer.slam.viba_inputs import select_tracks
 
 N_THETA = 8  # dR_ic (3), db (3), focal, k1
 

@@ -47,23 +47,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.imu_gaps import find_gaps, gap_summary
-from packer.slam.gyro_repair import Repaired, RepairFailed, applies, cluster_part, gyro_repair
-from packer.slam.imu_align import AlignmentError, align_imu
-from packer.slam.part_links import imu_joins, link_parts, segments, shared_points
-from packer.slam.revisits import LOOP_APART_S, corner_features, renamed, same_tracks
-from packer.slam.scale import ScaleRefused
-from packer.slam.scale_methods import ModelRefused, estimate_only
-from packer.slam.viba_scale import viba_scale
+from packer.slam.inertial.imu_align import AlignmentError, align_imu
+from packer.slam.mapping.part_links import imu_joins, link_parts, segments, shared_points
+from packer.slam.mapping.revisits import LOOP_APART_S, corner_features, renamed, same_tracks
+from packer.slam.repair.gyro_repair import Repaired, RepairFailed, applies, cluster_part, gyro_repair
+from packer.slam.scale.refusals import ModelRefused, estimate_only
+from packer.slam.scale.scale import ScaleRefused
+from packer.slam.scale.viba_scale import viba_scale
 from shardship.errors import SessionError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from packer.session import Imu, Session
-    from packer.slam import colmap
-    from packer.slam.imu_align import ImuAlignment
+    from packer.slam.frontend.tracks import Tracks
+    from packer.slam.inertial.imu_align import ImuAlignment
+    from packer.slam.mapping import colmap
     from packer.slam.options import SlamOptions
-    from packer.slam.tracks import Tracks
 
 REPAIRED_REL_STD = 0.006  # in the std (quadrature) of a repaired model's scale, for the shape the images leave in
 # it: the errors of the 23 repaired bench sessions had an RMS of 0.6%, the bundle adjustment's own std 0.2%

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.slam.imu_align import AlignmentError, align_imu
+from packer.slam.inertial.imu_align import AlignmentError, align_imu
 
 MAX_DRIFT_PERIODS = 2.5  # the thirds' offsets more than this many frame periods apart: frames dropped
 MARGIN = 0.5  # s of IMU searched beyond a third's span around the whole recording's offset

@@ -1,4 +1,4 @@
-"""Does one scale fit the whole SfM path? The statistics `packer.slam.scale` reads off
+"""Does one scale fit the whole SfM path? The statistics `packer.slam.scale.scale` reads off
 its reduced system (whitened rows, each window's start position and velocity projected
 out; a window's rows axis-major) to inflate the std or refuse: how much of what each
 window's IMU explains the common fit reproduces, and how far the windows' own scales, or
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.slam.lsq import lstsq
+from packer.slam.scale.lsq import lstsq
 
 
 def explained(G: np.ndarray, y: np.ndarray, res: np.ndarray, blocks: list[slice]) -> float:

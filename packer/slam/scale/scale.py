@@ -62,13 +62,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from packer.imu_gaps import gap_spans, stretch_of
-from packer.slam.accel import GRAVITY, detect_accel_mode, excitation
-from packer.slam.imu_align import ImuTrack
-from packer.slam.lsq import lstsq as _lstsq
-from packer.slam.lsq import lstsq_eiv as _lstsq_eiv
-from packer.slam.lsq import marginal_variance as _marginal_variance
+from packer.slam.inertial.accel import GRAVITY, detect_accel_mode, excitation
+from packer.slam.inertial.imu_align import ImuTrack
 from packer.slam.rotations import rotation_mean, tangent_basis
-from packer.slam.scale_checks import explained, lever_significance, shape_spread, window_spread
+from packer.slam.scale.lsq import lstsq as _lstsq
+from packer.slam.scale.lsq import lstsq_eiv as _lstsq_eiv
+from packer.slam.scale.lsq import marginal_variance as _marginal_variance
+from packer.slam.scale.scale_checks import explained, lever_significance, shape_spread, window_spread
 
 _LOG_LAMBDAS = np.arange(-3.0, 6.01, 0.5)  # log10 of the IMU/SfM noise ratio searched (1/s^3)
 

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packer.imu_gaps import find_gaps
-from packer.slam.tracks import Tracks
+from packer.slam.frontend.tracks import Tracks
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from packer.session import Imu, Session
-    from packer.slam.colmap import SfmOptions
-    from packer.slam.imu_align import ImuAlignment
+    from packer.slam.inertial.imu_align import ImuAlignment
+    from packer.slam.mapping.colmap import SfmOptions
     from packer.slam.options import SlamOptions
 
 READOUTS = (0.0, 0.01, 0.02, 0.03)  # s, candidate readouts (phones: 0 for a global shutter, ~5-33 ms rolling)
@@ -173,8 +173,8 @@ class WindowSfm:
         self.best: tuple[float, ImuAlignment, list[float]] | None = None  # (cost, alignment, SfM camera)
 
     def __call__(self, win: Tracks, a: int, b: int) -> float:
-        from packer.slam.colmap import SfmError, reconstruct
-        from packer.slam.imu_align import AlignmentError, align_imu
+        from packer.slam.inertial.imu_align import AlignmentError, align_imu
+        from packer.slam.mapping.colmap import SfmError, reconstruct
 
         try:
             model = reconstruct(self.image_dir, self.rel[a:b], self.intrinsics, self.sfm, tracks=win)
@@ -219,7 +219,7 @@ def shutter_free(session: Session, opts: SlamOptions, imu: Imu | None, tracks: T
         a, b = busiest_window(session.timestamps[kpos], _rates(fixed))
         win(fixed.subset(a, b), a, b)
     if win.best is not None and opts.gyro_prior and not find_gaps(imu.t):  # (no gyro turn known across an IMU gap)
-        from packer.slam.gyro_prior import drop_off_gyro, gyro_rotations
+        from packer.slam.inertial.gyro_prior import drop_off_gyro, gyro_rotations
 
         fixed = dataclasses.replace(fixed, rotations=gyro_rotations(imu, win.best[1], session.timestamps[kpos]))
         fixed = drop_off_gyro(fixed, win.best[2])

@@ -104,8 +104,9 @@ class FrameCache:
         self.where = where  # "gpu" | "host"
         self.seconds = seconds  # time taken to fill it
         self._rows = frames.numpy().reshape(len(frames), -1) if frames.device.type == "cpu" else None
-        self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
-        self._turn = 0
+        self._ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = [
+            (torch.empty((0, 0), dtype=torch.uint8), None)] * self.RING
+        self._turn = 0  # the ring's next slot
 
     def gather(self, idx: np.ndarray, device: torch.device) -> torch.Tensor:
         """(*idx.shape, H, W, 3) frames of sample indices `idx`, on `device`. On
@@ -118,27 +119,25 @@ class FrameCache:
         flat = np.ascontiguousarray(idx, dtype=np.int64).ravel()
         if device.type != "cuda":
             return torch.from_numpy(np.take(self._rows, flat, axis=0)).view(shape)
-        buf = self._staging(len(flat))
+        buf, k = self._staging(len(flat))
         np.take(self._rows, flat, axis=0, out=buf.numpy()[:len(flat)], mode="clip")
         out = buf[:len(flat)].to(device, non_blocking=True).view(shape)
         event = torch.cuda.Event()
         event.record()
-        self._ring[self._turn - 1] = (buf, event)
+        self._ring[k] = (buf, event)
         return out
 
-    def _staging(self, n: int) -> torch.Tensor:
-        """The next pinned buffer of the ring, once the copy it last fed has finished."""
-        if len(self._ring) < self.RING:
-            self._ring.append((torch.empty((0, 0), dtype=torch.uint8), None))
-        k = self._turn % self.RING
-        self._turn = k + 1
+    def _staging(self, n: int) -> tuple[torch.Tensor, int]:
+        """(the ring's next pinned buffer, at least n frames, once the copy it last fed
+        has finished; its slot)."""
+        k = self._turn
+        self._turn = (k + 1) % self.RING
         buf, event = self._ring[k]
         if event is not None:
             event.synchronize()
         if buf.shape[0] < n:
-            buf = torch.empty((n, self._rows.shape[1] if self._rows is not None else 0),
-                              dtype=torch.uint8).pin_memory()
-        return buf
+            buf = torch.empty((n, self.frames[0].numel()), dtype=torch.uint8).pin_memory()
+        return buf, k
 
 
 def build(ds: ShardDataset, where: str, device: torch.device, d: Dist | None = None,
